@@ -1,0 +1,199 @@
+//! The one error type of sidelease. Every binding converts it in one place.
+
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use crate::record::Record;
+
+/// Why a lease could not be had: who holds it, as far as can be told.
+#[derive(Debug, Clone)]
+pub struct Contention {
+    /// The path the caller asked to protect.
+    pub target: PathBuf,
+    /// The lease file that is locked.
+    pub lease_path: PathBuf,
+    /// The holder record read from the lease file; `None` when it is empty or
+    /// unreadable (which never means "free").
+    pub holder: Option<Record>,
+    /// PIDs the kernel reports as holding the lock (this process's namespace).
+    pub holders: Vec<u32>,
+    /// How long the caller waited before giving up (zero for one attempt).
+    pub waited: std::time::Duration,
+}
+
+/// Every failure sidelease reports.
+#[derive(Debug)]
+pub enum Error {
+    /// Another process (or another copy of the library in this process) holds
+    /// the lease.
+    InUse(Box<Contention>),
+    /// The lease stayed held for the whole timeout.
+    Timeout(Box<Contention>),
+    /// The lease directory is on a filesystem where `flock` cannot be trusted.
+    UnsupportedFilesystem {
+        path: PathBuf,
+        fstype: String,
+        magic: u32,
+    },
+    /// A caller-supplied value is not acceptable; `argument` names it.
+    InvalidArgument {
+        argument: &'static str,
+        message: String,
+    },
+    /// A system call failed; `syscall` and `path` say where.
+    Io {
+        syscall: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+    /// The wait was cancelled through its [`crate::CancelToken`].
+    Cancelled { lease_path: PathBuf },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The stable, language-neutral name of each error kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    InUse,
+    Timeout,
+    UnsupportedFilesystem,
+    InvalidArgument,
+    Io,
+    Cancelled,
+}
+
+impl ErrorKind {
+    /// Snake-case name used in JSON answers and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::InUse => "in_use",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::UnsupportedFilesystem => "unsupported_fs",
+            ErrorKind::InvalidArgument => "invalid_argument",
+            ErrorKind::Io => "io",
+            ErrorKind::Cancelled => "cancelled",
+        }
+    }
+}
+
+impl Error {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::InUse(_) => ErrorKind::InUse,
+            Error::Timeout(_) => ErrorKind::Timeout,
+            Error::UnsupportedFilesystem { .. } => ErrorKind::UnsupportedFilesystem,
+            Error::InvalidArgument { .. } => ErrorKind::InvalidArgument,
+            Error::Io { .. } => ErrorKind::Io,
+            Error::Cancelled { .. } => ErrorKind::Cancelled,
+        }
+    }
+
+    /// Holder details of an in-use or timeout error.
+    pub fn contention(&self) -> Option<&Contention> {
+        match self {
+            Error::InUse(c) | Error::Timeout(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// The OS error number of an I/O error.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            Error::Io { source, .. } => source.raw_os_error(),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn invalid(argument: &'static str, message: impl Into<String>) -> Error {
+        Error::InvalidArgument {
+            argument,
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn io(syscall: &'static str, path: &Path, source: impl Into<io::Error>) -> Error {
+        Error::Io {
+            syscall,
+            path: path.to_path_buf(),
+            source: source.into(),
+        }
+    }
+}
+
+impl fmt::Display for Contention {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} is leased by ", self.target.display())?;
+        match &self.holder {
+            Some(rec) if rec.pid.is_some() => {
+                write!(f, "pid {}", rec.pid.unwrap_or_default())?;
+                if let Some(rt) = &rec.runtime {
+                    write!(f, " ({rt})")?;
+                }
+                if let Some(host) = &rec.host {
+                    write!(f, " on {host}")?;
+                }
+                if let Some(since) = &rec.started_at {
+                    write!(f, " since {since}")?;
+                }
+                if !self.holders.is_empty() && !self.holders.contains(&rec.pid.unwrap_or(0)) {
+                    write!(f, "; the kernel reports pid {}", join_pids(&self.holders))?;
+                }
+            }
+            _ => {
+                if self.holders.is_empty() {
+                    write!(f, "another process")?;
+                } else {
+                    write!(f, "pid {}", join_pids(&self.holders))?;
+                }
+                write!(f, " (holder record empty or unreadable)")?;
+            }
+        }
+        write!(f, " [lease file {}]", self.lease_path.display())
+    }
+}
+
+fn join_pids(pids: &[u32]) -> String {
+    let v: Vec<String> = pids.iter().map(u32::to_string).collect();
+    v.join(", ")
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::InUse(c) => c.fmt(f),
+            Error::Timeout(c) => write!(f, "timed out after {:.3}s: {c}", c.waited.as_secs_f64()),
+            Error::UnsupportedFilesystem {
+                path,
+                fstype,
+                magic,
+            } => write!(
+                f,
+                "{} is on {fstype} (statfs magic {magic:#x}), where flock is not a reliable \
+                 lock; pass allow_unsupported_fs to use it anyway",
+                path.display()
+            ),
+            Error::InvalidArgument { argument, message } => {
+                write!(f, "invalid argument `{argument}`: {message}")
+            }
+            Error::Io {
+                syscall,
+                path,
+                source,
+            } => write!(f, "{syscall} {}: {source}", path.display()),
+            Error::Cancelled { lease_path } => {
+                write!(f, "wait for {} was cancelled", lease_path.display())
+            }
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}

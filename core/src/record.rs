@@ -1,0 +1,267 @@
+//! The holder record (schema 1): diagnostics written inside the lease file.
+//! The kernel lock is the authority; nothing here decides who holds a lease.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::error::{Error, Result};
+
+pub const SCHEMA: u32 = 1;
+
+/// Largest caller metadata accepted, serialized.
+pub const METADATA_MAX_BYTES: usize = 16 * 1024;
+
+/// Largest lease file content read back as a record; a larger file is
+/// reported as unreadable rather than read without bound.
+pub const RECORD_MAX_BYTES: usize = 64 * 1024;
+
+/// One holder record. Fields the platform cannot provide are omitted, never
+/// faked, so every field is optional when read back.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Record {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_path: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nonce: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid_ns: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proc_start: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub library: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Map<String, Value>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub released_at: Option<String>,
+}
+
+/// What the bytes of a lease file say.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Content {
+    /// Nothing was ever written (a new lease file).
+    Empty,
+    /// A record that parses as schema 1 JSON.
+    Record(Record),
+    /// Bytes that are not a record: torn, corrupted or foreign.
+    Unreadable,
+}
+
+impl Content {
+    /// Judge raw lease file bytes. The whole content must be one JSON object
+    /// (trailing whitespace allowed), so a record torn by a crash between the
+    /// in-place write and the truncate is never taken as valid.
+    pub fn parse(bytes: &[u8]) -> Content {
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Content::Empty;
+        }
+        match serde_json::from_slice::<Value>(bytes) {
+            Ok(v @ Value::Object(_)) => match serde_json::from_value::<Record>(v) {
+                Ok(r) if r.schema == Some(SCHEMA) => Content::Record(r),
+                _ => Content::Unreadable,
+            },
+            _ => Content::Unreadable,
+        }
+    }
+
+    pub fn record(&self) -> Option<&Record> {
+        match self {
+            Content::Record(r) => Some(r),
+            _ => None,
+        }
+    }
+}
+
+impl Record {
+    /// Serialized form written to the lease file: one JSON line.
+    pub fn to_line(&self) -> Vec<u8> {
+        // Serializing plain strings, numbers and a JSON map cannot fail.
+        let mut v = serde_json::to_vec(self).unwrap_or_default();
+        v.push(b'\n');
+        v
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    pub fn to_value(&self) -> Value {
+        serde_json::to_value(self).unwrap_or(Value::Null)
+    }
+}
+
+/// Check caller metadata: a JSON object of bounded size.
+pub fn validate_metadata(v: &Value) -> Result<Map<String, Value>> {
+    let Value::Object(map) = v else {
+        return Err(Error::invalid(
+            "metadata",
+            format!("must be a JSON object, got {}", json_type(v)),
+        ));
+    };
+    let size = serde_json::to_vec(v).map(|b| b.len()).unwrap_or(usize::MAX);
+    if size > METADATA_MAX_BYTES {
+        return Err(Error::invalid(
+            "metadata",
+            format!("is {size} bytes serialized; the limit is {METADATA_MAX_BYTES}"),
+        ));
+    }
+    Ok(map.clone())
+}
+
+/// Parse caller metadata given as JSON text (the C, Python and Node surfaces).
+pub fn parse_metadata(text: &str) -> Result<Map<String, Value>> {
+    let v: Value = serde_json::from_str(text)
+        .map_err(|e| Error::invalid("metadata", format!("is not valid JSON: {e}")))?;
+    validate_metadata(&v)
+}
+
+fn json_type(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Current UTC time as RFC 3339 with milliseconds (`2026-11-30T09:00:00.123Z`).
+pub fn now_rfc3339() -> String {
+    format_rfc3339(SystemTime::now())
+}
+
+pub fn format_rfc3339(t: SystemTime) -> String {
+    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs();
+    let (y, m, day) = civil_from_days((secs / 86_400) as i64);
+    let rem = secs % 86_400;
+    format!(
+        "{y:04}-{m:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60,
+        d.subsec_millis()
+    )
+}
+
+/// Days since 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's
+/// algorithm), so no date crate is needed for one timestamp format.
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn timestamps_are_rfc3339_millis() {
+        assert_eq!(format_rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
+        let t = UNIX_EPOCH + Duration::from_millis(1_796_029_200_123);
+        assert_eq!(format_rfc3339(t), "2026-11-30T09:00:00.123Z");
+        let leap = UNIX_EPOCH + Duration::from_secs(951_782_400); // 2000-02-29
+        assert_eq!(format_rfc3339(leap), "2000-02-29T00:00:00.000Z");
+    }
+
+    #[test]
+    fn content_empty_record_unreadable() {
+        assert_eq!(Content::parse(b""), Content::Empty);
+        assert_eq!(Content::parse(b" \n"), Content::Empty);
+        assert_eq!(Content::parse(b"garbage"), Content::Unreadable);
+        assert_eq!(Content::parse(b"[1,2]"), Content::Unreadable);
+        assert_eq!(Content::parse(b"{\"schema\":2}"), Content::Unreadable);
+        assert_eq!(
+            Content::parse(b"{\"schema\":1,\"pid\":\"x\"}"),
+            Content::Unreadable
+        );
+        let r = Content::parse(b"{\"schema\":1,\"pid\":42,\"extra\":true}\n");
+        assert_eq!(r.record().and_then(|r| r.pid), Some(42));
+    }
+
+    #[test]
+    fn torn_record_is_unreadable() {
+        let old = Record {
+            schema: Some(1),
+            pid: Some(1),
+            host: Some("a-much-longer-host-name".into()),
+            ..Default::default()
+        };
+        let new = Record {
+            schema: Some(1),
+            pid: Some(2),
+            ..Default::default()
+        };
+        let mut bytes = old.to_line();
+        let line = new.to_line();
+        bytes[..line.len()].copy_from_slice(&line);
+        assert_eq!(Content::parse(&bytes), Content::Unreadable);
+        bytes.truncate(line.len());
+        assert_eq!(Content::parse(&bytes), Content::Record(new));
+    }
+
+    #[test]
+    fn metadata_must_be_a_bounded_object() {
+        assert!(parse_metadata("{\"app\":\"x\",\"port\":8000}").is_ok());
+        for bad in ["[1]", "3", "null", "{", "\"s\""] {
+            let e = parse_metadata(bad).unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    Error::InvalidArgument {
+                        argument: "metadata",
+                        ..
+                    }
+                ),
+                "{bad}"
+            );
+        }
+        let big = format!("{{\"k\":\"{}\"}}", "x".repeat(METADATA_MAX_BYTES));
+        assert!(parse_metadata(&big)
+            .unwrap_err()
+            .to_string()
+            .contains("limit"));
+    }
+
+    #[test]
+    fn record_round_trips_and_omits_missing_fields() {
+        let r = Record {
+            schema: Some(1),
+            generation: Some(3),
+            pid: Some(7),
+            ..Default::default()
+        };
+        let text = r.to_json();
+        assert_eq!(text, "{\"schema\":1,\"generation\":3,\"pid\":7}");
+        assert_eq!(Content::parse(text.as_bytes()), Content::Record(r));
+    }
+}

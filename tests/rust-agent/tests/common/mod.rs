@@ -1,0 +1,155 @@
+//! A driver for agents: spawn one, send a command, read its one-line answer
+//! with a bounded wait. Order between processes comes from these handshakes,
+//! never from sleeps; a broken handshake fails loudly with the transcript.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{channel, Receiver};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+pub const STEP: Duration = Duration::from_secs(10);
+
+pub struct Agent {
+    pub child: Child,
+    pub pid: u32,
+    stdin: ChildStdin,
+    lines: Receiver<String>,
+    transcript: Vec<String>,
+}
+
+impl Agent {
+    pub fn spawn() -> Agent {
+        Agent::spawn_cmd(Command::new(env!("CARGO_BIN_EXE_sidelease-agent")))
+    }
+
+    pub fn spawn_cmd(mut cmd: Command) -> Agent {
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn agent");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let pid = child.id();
+        let mut a = Agent {
+            child,
+            pid,
+            stdin,
+            lines: rx,
+            transcript: Vec::new(),
+        };
+        let ready = a.recv();
+        assert_eq!(ready["event"], "ready", "{}", a.transcript());
+        a
+    }
+
+    pub fn transcript(&self) -> String {
+        format!(
+            "agent {} transcript:\n  {}",
+            self.pid,
+            self.transcript.join("\n  ")
+        )
+    }
+
+    pub fn recv(&mut self) -> Value {
+        match self.lines.recv_timeout(STEP) {
+            Ok(line) => {
+                self.transcript.push(format!("< {line}"));
+                serde_json::from_str(&line)
+                    .unwrap_or_else(|e| panic!("bad JSON {line:?}: {e}\n{}", self.transcript()))
+            }
+            Err(e) => panic!("no answer within {STEP:?} ({e})\n{}", self.transcript()),
+        }
+    }
+
+    pub fn send(&mut self, cmd: Value) {
+        let line = cmd.to_string();
+        self.transcript.push(format!("> {line}"));
+        writeln!(self.stdin, "{line}")
+            .and_then(|_| self.stdin.flush())
+            .unwrap_or_else(|e| panic!("agent gone ({e})\n{}", self.transcript()));
+    }
+
+    pub fn call(&mut self, cmd: Value) -> Value {
+        self.send(cmd);
+        self.recv()
+    }
+
+    /// Acquire and expect success; returns the answer.
+    pub fn acquire_ok(&mut self, target: &str) -> Value {
+        let a = self.call(json!({"cmd": "acquire", "target": target}));
+        assert_eq!(a["ok"], true, "acquire failed: {a}\n{}", self.transcript());
+        a
+    }
+
+    /// Acquire and expect an error of `kind`; returns the error object.
+    pub fn acquire_err(&mut self, cmd: Value, kind: &str) -> Value {
+        let a = self.call(cmd);
+        assert_eq!(
+            a["ok"],
+            false,
+            "expected {kind}, got {a}\n{}",
+            self.transcript()
+        );
+        assert_eq!(a["error"]["kind"], kind, "{a}\n{}", self.transcript());
+        a["error"].clone()
+    }
+
+    pub fn inspect(&mut self, target: &str) -> Value {
+        let a = self.call(json!({"cmd": "inspect", "target": target}));
+        assert_eq!(a["ok"], true, "{a}\n{}", self.transcript());
+        a["inspect"].clone()
+    }
+
+    pub fn signal(&mut self, sig: i32) -> std::process::ExitStatus {
+        unsafe { libc::kill(self.pid as i32, sig) };
+        self.wait_exit()
+    }
+
+    pub fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let deadline = std::time::Instant::now() + STEP;
+        loop {
+            if let Some(st) = self.child.try_wait().expect("wait") {
+                return st;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "agent did not exit\n{}",
+                self.transcript()
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Kill a process this test started (a forked child of an agent), by PID.
+pub fn kill_pid(pid: i64) {
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+}
+
+pub fn is_alive(pid: i64) -> bool {
+    unsafe { libc::kill(pid as i32, 0) == 0 }
+}

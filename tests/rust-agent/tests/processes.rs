@@ -1,0 +1,449 @@
+//! The core's behaviour between real processes: the Open Duet cases, the
+//! three arms of the pathname-replacement playbook, exec, fork, waiting and
+//! inspect. Each test owns a temporary directory; the destructive cases
+//! (unlink, rename over) touch only that directory.
+
+mod common;
+
+use std::os::unix::fs::symlink;
+use std::time::{Duration, Instant};
+
+use common::{is_alive, kill_pid, Agent};
+use serde_json::json;
+
+struct Dir {
+    dir: tempfile::TempDir,
+}
+
+impl Dir {
+    fn new() -> Dir {
+        Dir {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+    fn path(&self, name: &str) -> String {
+        self.dir.path().join(name).to_str().unwrap().to_owned()
+    }
+}
+
+fn acquire(target: &str) -> serde_json::Value {
+    json!({"cmd": "acquire", "target": target})
+}
+
+#[test]
+fn same_database_is_refused_naming_the_live_holder() {
+    let d = Dir::new();
+    let db = d.path("app.db");
+    let (mut a, mut b) = (Agent::spawn(), Agent::spawn());
+    let got = a.acquire_ok(&db);
+    assert_eq!(got["generation"], 1);
+    assert_eq!(got["previous_released_cleanly"], true);
+    let e = b.acquire_err(acquire(&db), "in_use");
+    assert_eq!(e["holder"]["pid"], a.pid);
+    assert_eq!(e["holder"]["runtime"], "rust");
+    assert_eq!(e["holders"], json!([a.pid]));
+    let msg = e["message"].as_str().unwrap();
+    assert!(
+        msg.contains(&format!("is leased by pid {} (rust) on ", a.pid)) && msg.contains(" since "),
+        "{msg}"
+    );
+}
+
+#[test]
+fn symlink_spelling_is_refused_and_another_database_is_free() {
+    let d = Dir::new();
+    let db = d.path("app.db");
+    std::fs::write(&db, b"").unwrap();
+    symlink(&db, d.path("alias.db")).unwrap();
+    let (mut a, mut b) = (Agent::spawn(), Agent::spawn());
+    a.acquire_ok(&db);
+    let e = b.acquire_err(acquire(&d.path("alias.db")), "in_use");
+    assert_eq!(e["holder"]["pid"], a.pid);
+    let other = b.acquire_ok(&d.path("other.db"));
+    assert!(other["lease_path"]
+        .as_str()
+        .unwrap()
+        .ends_with("other.db.backend-lease"));
+}
+
+#[test]
+fn corrupted_record_with_a_live_holder_is_still_refused() {
+    let d = Dir::new();
+    let db = d.path("app.db");
+    let (mut a, mut b) = (Agent::spawn(), Agent::spawn());
+    let got = a.acquire_ok(&db);
+    let lp = got["lease_path"].as_str().unwrap();
+    // Corrupt in place (same inode), as a stray writer would.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(lp)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, b"\0\0garbage{{{"))
+        .unwrap();
+    let e = b.acquire_err(acquire(&db), "in_use");
+    assert!(e["holder"].is_null(), "{e}");
+    assert_eq!(e["holders"], json!([a.pid]));
+    assert!(e["message"]
+        .as_str()
+        .unwrap()
+        .contains("record empty or unreadable"));
+    let i = b.inspect(&db);
+    assert_eq!(i["state"], "held");
+    assert_eq!(i["record_status"], "unreadable");
+}
+
+fn killed_holder_is_replaced_at_once(sig: i32) {
+    let d = Dir::new();
+    let db = d.path("app.db");
+    let mut a = Agent::spawn();
+    let first = a.acquire_ok(&db);
+    let st = a.signal(sig);
+    assert!(!st.success());
+    let mut b = Agent::spawn();
+    assert_eq!(b.inspect(&db)["record_status"], "stale");
+    let t = Instant::now();
+    let got = b.acquire_ok(&db);
+    assert!(t.elapsed() < Duration::from_secs(1));
+    assert_eq!(got["previous_released_cleanly"], false);
+    assert_eq!(got["previous"]["pid"], a.pid);
+    assert_eq!(got["previous"]["nonce"], first["record"]["nonce"]);
+    assert_eq!(got["generation"], 2);
+}
+
+#[test]
+fn sigterm_holder_is_replaced_and_reported_unclean() {
+    killed_holder_is_replaced_at_once(libc::SIGTERM);
+}
+
+#[test]
+fn sigkill_holder_is_replaced_and_reported_unclean() {
+    killed_holder_is_replaced_at_once(libc::SIGKILL);
+}
+
+#[test]
+fn same_process_shares_and_only_the_last_release_frees() {
+    let d = Dir::new();
+    let db = d.path("app.db");
+    let (mut a, mut b) = (Agent::spawn(), Agent::spawn());
+    let h1 = a.acquire_ok(&db);
+    let h2 = a.acquire_ok(&db);
+    assert_ne!(h1["handle"], h2["handle"]);
+    assert_eq!(
+        h1["record"]["nonce"], h2["record"]["nonce"],
+        "one lease, two handles"
+    );
+    assert_eq!(
+        a.call(json!({"cmd": "release", "handle": h1["handle"]}))["ok"],
+        true
+    );
+    assert_eq!(
+        a.call(json!({"cmd": "release", "handle": h1["handle"]}))["ok"],
+        true,
+        "idempotent"
+    );
+    b.acquire_err(acquire(&db), "in_use");
+    assert_eq!(
+        a.call(json!({"cmd": "release", "handle": h2["handle"]}))["ok"],
+        true
+    );
+    let got = b.acquire_ok(&db);
+    assert_eq!(got["previous_released_cleanly"], true);
+    assert!(got["previous"]["released_at"].is_string());
+    assert_eq!(b.inspect(&db)["record_status"], "self");
+}
+
+/// The three arms of the pathname-replacement playbook: stable, unlink and
+/// recreate, rename over. In the changed arms the contender must be refused
+/// while the original holder lives.
+fn replacement_arm(mode: &str) {
+    let d = Dir::new();
+    let db = d.path("job.db");
+    let (mut a, mut b, mut c) = (Agent::spawn(), Agent::spawn(), Agent::spawn());
+    let h = a.acquire_ok(&db);
+    let lp = h["lease_path"].as_str().unwrap().to_owned();
+    match mode {
+        "unlink" => {
+            std::fs::remove_file(&lp).unwrap();
+            std::fs::write(&lp, b"").unwrap();
+        }
+        "replace" => {
+            let tmp = d.path("replacement");
+            std::fs::write(&tmp, b"{}").unwrap();
+            std::fs::rename(&tmp, &lp).unwrap();
+        }
+        _ => {}
+    }
+    let check = a.call(json!({"cmd": "check", "handle": h["handle"]}));
+    let expect = match mode {
+        "unlink" | "replace" => "replaced",
+        _ => "held",
+    };
+    assert_eq!(check["check"], expect, "{check}");
+    let e = b.acquire_err(acquire(&db), "in_use");
+    assert_eq!(e["holders"], json!([a.pid]), "{e}");
+    assert_eq!(
+        e["holder"]["pid"], a.pid,
+        "the orphan's own record is reported: {e}"
+    );
+    let i = c.inspect(&db);
+    if mode == "stable" {
+        assert_eq!(i["state"], "held");
+        assert_eq!(i["orphans"], json!([]));
+    } else {
+        assert_eq!(i["state"], "split", "{i}");
+        assert_eq!(i["orphans"][0]["pid"], a.pid, "{i}");
+        assert_eq!(i["holders"], json!([]), "nobody holds the new inode: {i}");
+    }
+    // Only after the original holder lets go may anyone hold the lease.
+    assert_eq!(
+        a.call(json!({"cmd": "release", "handle": h["handle"]}))["ok"],
+        true
+    );
+    let got = b.acquire_ok(&db);
+    assert_eq!(
+        got["generation"],
+        if mode == "stable" { 2 } else { 1 },
+        "{got}"
+    );
+    c.acquire_err(acquire(&db), "in_use");
+}
+
+#[test]
+fn stable_lease_file_keeps_one_domain() {
+    replacement_arm("stable");
+}
+
+#[test]
+fn unlinked_live_lease_file_is_not_a_second_domain() {
+    replacement_arm("unlink");
+}
+
+#[test]
+fn renamed_over_live_lease_file_is_not_a_second_domain() {
+    replacement_arm("replace");
+}
+
+#[test]
+fn unlinked_without_recreation_is_reported_as_unlinked() {
+    let d = Dir::new();
+    let db = d.path("job.db");
+    let (mut a, mut b) = (Agent::spawn(), Agent::spawn());
+    let h = a.acquire_ok(&db);
+    std::fs::remove_file(h["lease_path"].as_str().unwrap()).unwrap();
+    let check = a.call(json!({"cmd": "check", "handle": h["handle"]}));
+    assert_eq!(check["check"], "unlinked");
+    let i = b.inspect(&db);
+    assert_eq!(i["state"], "split", "{i}");
+    b.acquire_err(acquire(&db), "in_use");
+}
+
+#[test]
+fn split_guard_off_lets_the_second_domain_happen() {
+    // The opt-out does what it says, which is why it is on by default.
+    let d = Dir::new();
+    let db = d.path("job.db");
+    let (mut a, mut b) = (Agent::spawn(), Agent::spawn());
+    let h = a.acquire_ok(&db);
+    std::fs::remove_file(h["lease_path"].as_str().unwrap()).unwrap();
+    let got = b.call(json!({"cmd": "acquire", "target": db, "split_guard": false}));
+    assert_eq!(got["ok"], true, "{got}");
+}
+
+#[test]
+fn exec_with_the_lease_held_leaves_an_image_replaced_record() {
+    let d = Dir::new();
+    let db = d.path("app.db");
+    let mut a = Agent::spawn();
+    a.acquire_ok(&db);
+    a.send(json!({"cmd": "exec_self"}));
+    let ready = a.recv();
+    assert_eq!(ready["event"], "ready");
+    assert_eq!(ready["pid"], a.pid, "exec keeps the PID");
+    assert_eq!(ready["execs"], 1);
+    let i = a.inspect(&db);
+    assert_eq!(i["state"], "free", "{i}");
+    assert_eq!(i["record_status"], "image-replaced", "{i}");
+    let mut b = Agent::spawn();
+    assert_eq!(b.inspect(&db)["record_status"], "image-replaced");
+    let got = a.acquire_ok(&db);
+    assert_eq!(got["previous"]["pid"], a.pid);
+    assert_eq!(got["previous_released_cleanly"], false);
+    assert_eq!(a.inspect(&db)["record_status"], "self");
+    assert_eq!(b.inspect(&db)["record_status"], "live");
+}
+
+#[test]
+fn forked_child_does_not_keep_the_lease() {
+    let d = Dir::new();
+    let db = d.path("app.db");
+    let (mut a, mut b) = (Agent::spawn(), Agent::spawn());
+    let h = a.acquire_ok(&db);
+    let child = a.call(json!({"cmd": "fork_child"}))["child"]
+        .as_i64()
+        .unwrap();
+    assert!(is_alive(child));
+    // The parent still holds it: the child closed its copy, never LOCK_UN.
+    let e = b.acquire_err(acquire(&db), "in_use");
+    assert_eq!(e["holders"], json!([a.pid]));
+    assert_eq!(
+        a.call(json!({"cmd": "release", "handle": h["handle"]}))["ok"],
+        true
+    );
+    b.acquire_ok(&db);
+    kill_pid(child);
+}
+
+#[test]
+fn forked_child_does_not_outlive_a_killed_parent_lease() {
+    let d = Dir::new();
+    let db = d.path("app.db");
+    let mut a = Agent::spawn();
+    a.acquire_ok(&db);
+    let child = a.call(json!({"cmd": "fork_child"}))["child"]
+        .as_i64()
+        .unwrap();
+    a.signal(libc::SIGKILL);
+    assert!(is_alive(child));
+    let mut b = Agent::spawn();
+    b.acquire_ok(&db);
+    kill_pid(child);
+}
+
+#[test]
+fn timeout_expires_while_held() {
+    let d = Dir::new();
+    let db = d.path("app.db");
+    let (mut a, mut b) = (Agent::spawn(), Agent::spawn());
+    a.acquire_ok(&db);
+    let t = Instant::now();
+    let e = b.acquire_err(
+        json!({"cmd": "acquire", "target": db, "timeout": 0.3}),
+        "timeout",
+    );
+    let took = t.elapsed();
+    assert!(took >= Duration::from_millis(300), "{took:?}");
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    assert_eq!(e["holder"]["pid"], a.pid);
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("timed out after 0.3"),
+        "{e}"
+    );
+}
+
+fn waiter_wakes(kill: bool) {
+    let d = Dir::new();
+    let db = d.path("app.db");
+    let (mut a, mut b) = (Agent::spawn(), Agent::spawn());
+    let h = a.acquire_ok(&db);
+    b.send(json!({"cmd": "acquire", "target": db, "timeout": 30}));
+    // The waiter shows up in the kernel's view: it has the file open.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !waiting_on(b.pid, h["lease_path"].as_str().unwrap()) {
+        assert!(
+            Instant::now() < deadline,
+            "waiter never opened the lease file"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let t = Instant::now();
+    if kill {
+        a.signal(libc::SIGKILL);
+    } else {
+        assert_eq!(
+            a.call(json!({"cmd": "release", "handle": h["handle"]}))["ok"],
+            true
+        );
+    }
+    let got = b.recv();
+    let took = t.elapsed();
+    assert_eq!(got["ok"], true, "{got}");
+    assert_eq!(got["previous_released_cleanly"], !kill);
+    assert!(took < Duration::from_millis(500), "handoff took {took:?}");
+}
+
+fn waiting_on(pid: u32, lease_path: &str) -> bool {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.flatten()
+                .any(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.to_str() == Some(lease_path)))
+        })
+        .unwrap_or(false)
+}
+
+#[test]
+fn waiter_acquires_promptly_after_release() {
+    waiter_wakes(false);
+}
+
+#[test]
+fn waiter_acquires_promptly_after_sigkill() {
+    waiter_wakes(true);
+}
+
+#[test]
+fn inspect_reports_free_held_released() {
+    let d = Dir::new();
+    let db = d.path("app.db");
+    let (mut a, mut b) = (Agent::spawn(), Agent::spawn());
+    let i = b.inspect(&db);
+    assert_eq!(i["state"], "free");
+    assert_eq!(i["record_status"], "empty");
+    assert!(i["record"].is_null());
+    assert!(
+        !std::path::Path::new(&format!("{db}.backend-lease")).exists(),
+        "inspect never creates the lease file"
+    );
+    let h = a.acquire_ok(&db);
+    let i = b.inspect(&db);
+    assert_eq!(i["state"], "held");
+    assert_eq!(i["holders"], json!([a.pid]));
+    assert_eq!(i["record_status"], "live");
+    assert_eq!(i["record"]["pid"], a.pid);
+    assert_eq!(i["unattributed"], 0);
+    assert_eq!(a.inspect(&db)["record_status"], "self");
+    a.call(json!({"cmd": "release", "handle": h["handle"]}));
+    let i = b.inspect(&db);
+    assert_eq!(i["state"], "free");
+    assert_eq!(i["record_status"], "released");
+}
+
+#[test]
+fn metadata_lands_in_the_record() {
+    let d = Dir::new();
+    let db = d.path("app.db");
+    let mut a = Agent::spawn();
+    let got = a.call(
+        json!({"cmd": "acquire", "target": db, "metadata": {"app": "open-duet", "port": 8000}}),
+    );
+    assert_eq!(
+        got["record"]["metadata"],
+        json!({"app": "open-duet", "port": 8000})
+    );
+    let text = std::fs::read_to_string(format!("{db}.backend-lease")).unwrap();
+    let rec: serde_json::Value = serde_json::from_str(&text).unwrap();
+    for key in [
+        "schema",
+        "generation",
+        "pid",
+        "host",
+        "started_at",
+        "target",
+        "lease_path",
+        "nonce",
+        "boot_id",
+        "pid_ns",
+        "proc_start",
+        "runtime",
+        "library",
+        "metadata",
+    ] {
+        assert!(rec.get(key).is_some(), "record lacks {key}: {text}");
+    }
+    assert!(rec.get("released_at").is_none());
+    assert_eq!(
+        rec["library"],
+        format!("sidelease {}", env!("CARGO_PKG_VERSION"))
+    );
+}
