@@ -16,7 +16,7 @@ use rustix::io::Errno;
 
 use crate::error::{Contention, Error, Result};
 use crate::holders::{self, Orphan};
-use crate::lease::{write_record, Lease, Shared};
+use crate::lease::{write_line, Lease, Shared};
 use crate::options::{Options, Wait};
 use crate::path::{self, Resolved};
 use crate::platform::notify::{CancelToken, ChangeWatch};
@@ -88,6 +88,7 @@ pub struct Pending {
     started: Instant,
     hot: usize,
     poll_backoff: Duration,
+    fs_checked: bool,
 }
 
 impl Pending {
@@ -95,8 +96,6 @@ impl Pending {
     pub fn new(target: &Path, options: &Options) -> Result<Pending> {
         options.validate()?;
         let req = path::resolve(target, &options.suffix)?;
-        let dir = req.lease_path.parent().unwrap_or(Path::new("/"));
-        fskind::check_dir(dir, options.allow_unsupported_fs)?;
         Ok(Pending {
             req,
             opts: options.clone(),
@@ -106,6 +105,7 @@ impl Pending {
             started: Instant::now(),
             hot: HOT_RETRIES.len(),
             poll_backoff: POLL_MIN,
+            fs_checked: false,
         })
     }
 
@@ -126,6 +126,13 @@ impl Pending {
                 if let Some(lease) = self.share_by_path()? {
                     return Ok(Some(lease));
                 }
+                if !self.fs_checked {
+                    // Checked before the first open; a lease this process
+                    // holds already passed the check.
+                    let dir = self.req.lease_path.parent().unwrap_or(Path::new("/"));
+                    fskind::check_dir(dir, self.opts.allow_unsupported_fs)?;
+                    self.fs_checked = true;
+                }
                 self.open = Some(self.open_file()?);
             }
             let Some(of) = self.open.as_ref() else {
@@ -136,7 +143,8 @@ impl Pending {
                 Ok(()) => {}
                 Err(Errno::WOULDBLOCK) | Err(Errno::INTR) => {
                     // Another thread of this process may have just won it.
-                    if let Some(s) = registry::get().lock().share(key) {
+                    let shared = registry::get().lock().share(key);
+                    if let Some(s) = shared {
                         self.open = None;
                         return Ok(Some(Lease::from_shared(s)));
                     }
@@ -292,8 +300,9 @@ impl Pending {
             Content::Unreadable => salvage_generation(&bytes),
         } + 1;
         let rec = self.new_record(generation)?;
+        let line = rec.to_line();
         if of.writable {
-            write_record(of.fd, &self.req.lease_path, &rec)?;
+            write_line(of.fd, &self.req.lease_path, &line)?;
         }
         let of = self
             .open
@@ -310,6 +319,7 @@ impl Pending {
             target: self.req.target.clone(),
             lease_path: self.req.lease_path.clone(),
             record: rec,
+            line,
             previous,
         });
         registry::get().lock().insert(key, shared.clone());
@@ -329,7 +339,7 @@ impl Pending {
             started_at: Some(record::now_rfc3339()),
             target: Some(self.req.target.to_string_lossy().into_owned()),
             lease_path: Some(self.req.lease_path.to_string_lossy().into_owned()),
-            nonce: Some(nonce.iter().map(|b| format!("{b:02x}")).collect()),
+            nonce: Some(hex(&nonce)),
             boot_id: me.boot_id.clone(),
             machine_id: me.machine_id.clone(),
             pid_ns: me.pid_ns,
@@ -468,17 +478,24 @@ impl Pending {
     }
 }
 
+fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(DIGITS[(b >> 4) as usize] as char);
+        s.push(DIGITS[(b & 15) as usize] as char);
+    }
+    s
+}
+
 fn symlink_error(path: &Path) -> Error {
     Error::io(
         "open",
         path,
-        std::io::Error::new(
-            std::io::ErrorKind::Other,
-            format!(
-                "the lease file is a symlink; refusing to follow it ({})",
-                std::io::Error::from_raw_os_error(libc::ELOOP)
-            ),
-        ),
+        std::io::Error::other(format!(
+            "the lease file is a symlink; refusing to follow it ({})",
+            std::io::Error::from_raw_os_error(libc::ELOOP)
+        )),
     )
 }
 

@@ -24,6 +24,8 @@ pub(crate) struct Shared {
     pub(crate) target: PathBuf,
     pub(crate) lease_path: PathBuf,
     pub(crate) record: Record,
+    /// The record as written, so the release only appends `released_at`.
+    pub(crate) line: Vec<u8>,
     pub(crate) previous: Content,
 }
 
@@ -96,9 +98,8 @@ impl Lease {
             return Ok(());
         };
         let recorded = if last.writable {
-            let mut rec = last.record.clone();
-            rec.released_at = Some(record::now_rfc3339());
-            write_record(last.fd, &last.lease_path, &rec)
+            let line = Record::released_line(&last.line, &record::now_rfc3339());
+            write_line(last.fd, &last.lease_path, &line)
         } else {
             Ok(())
         };
@@ -206,12 +207,11 @@ impl Drop for Lease {
     }
 }
 
-/// Write a record in place: the whole record at offset 0, then cut the file
-/// to its length. Never a temporary file renamed over the lease file.
-pub(crate) fn write_record(fd: RawFd, path: &Path, rec: &Record) -> Result<()> {
+/// Write a record line in place: all of it at offset 0, then cut the file to
+/// its length. Never a temporary file renamed over the lease file.
+pub(crate) fn write_line(fd: RawFd, path: &Path, line: &[u8]) -> Result<()> {
     // SAFETY: callers pass a descriptor they keep open for this call.
     let fd = unsafe { BorrowedFd::borrow_raw(fd) };
-    let line = rec.to_line();
     let mut done = 0;
     while done < line.len() {
         match rustix::io::pwrite(fd, &line[done..], done as u64) {

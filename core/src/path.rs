@@ -86,14 +86,9 @@ fn canonical_target(target: &Path) -> Result<PathBuf> {
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
             Err(e) => return Err(Error::io("readlink", &path, e)),
         }
+        // A parent that is not a directory fails later, at open, naming the
+        // lease path.
         let dir = std::fs::canonicalize(&parent).map_err(|e| Error::io("realpath", &parent, e))?;
-        if !dir.is_dir() {
-            return Err(Error::io(
-                "realpath",
-                &parent,
-                io::Error::from_raw_os_error(libc::ENOTDIR),
-            ));
-        }
         return Ok(dir.join(name));
     }
     Err(Error::io(

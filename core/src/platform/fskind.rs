@@ -40,6 +40,8 @@ const KNOWN: &[(u32, &str, bool)] = &[
     (0x0116_1970, "gfs2", false),
     (0x4750_4653, "gpfs", false),
     (0x0BD0_0BD0, "lustre", false),
+    (0x9FA0, "proc", false),
+    (0x6265_6572, "sysfs", false),
 ];
 
 pub fn classify(magic: u32) -> FsKind {

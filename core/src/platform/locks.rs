@@ -3,7 +3,7 @@
 //! `N: FLOCK  ADVISORY  WRITE PID MAJ:MIN:INO START END` (device in hex).
 
 use std::cell::RefCell;
-use std::io::{self, Read};
+use std::io;
 
 /// One granted `flock` lock (waiters, marked `->`, are skipped).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,18 +57,46 @@ pub fn parse_line(line: &str) -> Option<FlockLock> {
 /// device asked about are kept, and the read buffer is reused per thread.
 pub fn flock_locks_on(major: u32, minor: u32) -> io::Result<Vec<FlockLock>> {
     thread_local! {
-        static BUF: RefCell<String> = const { RefCell::new(String::new()) };
+        static BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
     }
     BUF.with(|buf| {
         let mut buf = buf.borrow_mut();
-        buf.clear();
-        std::fs::File::open("/proc/locks")?.read_to_string(&mut buf)?;
-        Ok(buf
+        read_proc_file("/proc/locks", &mut buf)?;
+        let text = std::str::from_utf8(&buf).map_err(io::Error::other)?;
+        Ok(text
             .lines()
             .filter_map(parse_line)
             .filter(|l| l.on_device(major, minor))
             .collect())
     })
+}
+
+/// Read a whole /proc file with one open and as few reads as it takes
+/// (`/proc` reports size 0, so std's size-guided reads start tiny).
+fn read_proc_file(path: &str, buf: &mut Vec<u8>) -> io::Result<()> {
+    use rustix::fs::{Mode, OFlags};
+    let fd = rustix::fs::open(path, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())?;
+    buf.clear();
+    if buf.capacity() < 16 * 1024 {
+        buf.reserve(16 * 1024);
+    }
+    loop {
+        if buf.len() == buf.capacity() {
+            buf.reserve(buf.capacity());
+        }
+        let spare = buf.spare_capacity_mut();
+        let (filled, _) = match rustix::io::read(&fd, spare) {
+            Ok(r) => r,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        let n = filled.len();
+        if n == 0 {
+            return Ok(());
+        }
+        // SAFETY: `read` initialised the first `n` spare bytes.
+        unsafe { buf.set_len(buf.len() + n) };
+    }
 }
 
 /// Does this fdinfo text carry a flock line for the given inode (that is, is

@@ -447,3 +447,68 @@ fn metadata_lands_in_the_record() {
         format!("sidelease {}", env!("CARGO_PKG_VERSION"))
     );
 }
+
+/// An agent running as `nobody`, for the permission cases (needs root, which
+/// the CI machine has; elsewhere these tests say they were skipped).
+fn nobody_agent() -> Option<Agent> {
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: permission cases need root to start an agent as nobody");
+        return None;
+    }
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sidelease-agent"));
+    std::os::unix::process::CommandExt::uid(&mut cmd, 65534);
+    std::os::unix::process::CommandExt::gid(&mut cmd, 65534);
+    Some(Agent::spawn_cmd(cmd))
+}
+
+fn open_dir() -> Dir {
+    let d = Dir::new();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(d.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    d
+}
+
+#[test]
+fn unwritable_existing_lease_file_is_locked_read_only() {
+    let d = open_dir();
+    let db = d.path("app.db");
+    let mut root = Agent::spawn();
+    let h = root.acquire_ok(&db);
+    root.call(json!({"cmd": "release", "handle": h["handle"]}));
+    let Some(mut a) = nobody_agent() else { return };
+    let got = a.acquire_ok(&db);
+    assert_eq!(got["record_written"], false, "{got}");
+    let mut b = nobody_agent().unwrap();
+    let e = b.acquire_err(acquire(&db), "in_use");
+    assert_eq!(
+        e["holders"],
+        json!([a.pid]),
+        "the kernel, not the stale record, names the holder"
+    );
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("the kernel reports pid {}", a.pid)),
+        "{e}"
+    );
+    let i = b.inspect(&db);
+    assert_eq!(i["state"], "held");
+    assert_eq!(i["holders"], json!([a.pid]));
+}
+
+#[test]
+fn unwritable_directory_without_a_lease_file_is_permission_denied() {
+    let d = open_dir();
+    let db = d.path("app.db");
+    let Some(mut a) = nobody_agent() else { return };
+    let e = a.acquire_err(acquire(&db), "io");
+    assert_eq!(e["errno"], libc::EACCES);
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("app.db.backend-lease"),
+        "{e}"
+    );
+}

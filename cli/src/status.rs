@@ -1,0 +1,82 @@
+//! `sidelease status`: the inspection, for people and for scripts.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use sidelease::{inspect, Inspection, Options, State};
+
+use crate::EXIT_ERROR;
+
+pub fn run(target: &Path, suffix: &str, json: bool) -> ExitCode {
+    let opts = Options::new().suffix(suffix);
+    let i = match inspect(target, &opts) {
+        Ok(i) => i,
+        Err(e) => {
+            eprintln!("sidelease: {e}");
+            return ExitCode::from(EXIT_ERROR);
+        }
+    };
+    if json {
+        println!("{}", i.to_json());
+    } else {
+        print!("{}", human(&i));
+    }
+    ExitCode::from(match i.state {
+        State::Free => 0,
+        State::Held => 3,
+        State::Split => 4,
+        State::Unknown => 5,
+    })
+}
+
+fn pids(p: &[u32]) -> String {
+    if p.is_empty() {
+        return "none".into();
+    }
+    p.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+}
+
+pub fn human(i: &Inspection) -> String {
+    let mut out = format!("{}: {}\n", i.lease_path.display(), i.state.as_str());
+    out += &format!("  holders:    {}\n", pids(&i.holders));
+    out += &format!("  record:     {}", i.record_status.as_str());
+    if let Some(r) = &i.record {
+        let mut parts = Vec::new();
+        if let Some(pid) = r.pid {
+            parts.push(format!("pid {pid}"));
+        }
+        if let Some(rt) = &r.runtime {
+            parts.push(rt.clone());
+        }
+        if let Some(h) = &r.host {
+            parts.push(format!("on {h}"));
+        }
+        if let Some(s) = &r.started_at {
+            parts.push(format!("since {s}"));
+        }
+        if let Some(g) = r.generation {
+            parts.push(format!("generation {g}"));
+        }
+        if let Some(rel) = &r.released_at {
+            parts.push(format!("released {rel}"));
+        }
+        out += &format!(" ({})", parts.join(", "));
+    }
+    out.push('\n');
+    if !i.orphans.is_empty() {
+        let o: Vec<String> = i
+            .orphans
+            .iter()
+            .map(|o| format!("pid {} holds deleted inode {}", o.pid, o.inode))
+            .collect();
+        out += &format!("  orphans:    {}\n", o.join("; "));
+    }
+    if i.unattributed > 0 {
+        out += &format!(
+            "  unattributed: {} exclusive flock lock(s) on this filesystem belong to processes \
+             this user may not inspect\n",
+            i.unattributed
+        );
+    }
+    out
+}
