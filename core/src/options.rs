@@ -115,7 +115,8 @@ impl Options {
         self
     }
 
-    pub(crate) fn validate(&self) -> Result<()> {
+    /// Check the options on their own (acquire and inspect do it too).
+    pub fn validate(&self) -> Result<()> {
         if self.suffix.is_empty() {
             return Err(Error::invalid("suffix", "is empty"));
         }

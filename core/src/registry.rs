@@ -36,7 +36,17 @@ static ATFORK: Once = Once::new();
 
 pub(crate) struct Registry {
     inner: Mutex<Inner>,
+    /// The registry a forked child abandoned (its parent's), kept reachable
+    /// rather than freed: freeing in the child is not safe, and a leak
+    /// checker should not count it lost.
+    _abandoned: *mut Registry,
 }
+
+// SAFETY: `_abandoned` is never dereferenced; everything else is a Mutex.
+unsafe impl Sync for Registry {}
+unsafe impl Send for Registry {}
+
+static ABANDONED: AtomicPtr<Registry> = AtomicPtr::new(ptr::null_mut());
 
 #[derive(Default)]
 pub(crate) struct Inner {
@@ -69,6 +79,7 @@ pub(crate) fn get() -> &'static Registry {
     });
     let fresh = Box::into_raw(Box::new(Registry {
         inner: Mutex::new(Inner::default()),
+        _abandoned: ABANDONED.load(Ordering::Acquire),
     }));
     match REGISTRY.compare_exchange(ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire) {
         Ok(_) => unsafe { &*fresh },
@@ -95,7 +106,10 @@ extern "C" fn child_after_fork() {
         }
     }
     EPOCH.fetch_add(1, Ordering::AcqRel);
-    REGISTRY.store(ptr::null_mut(), Ordering::Release);
+    let old = REGISTRY.swap(ptr::null_mut(), Ordering::AcqRel);
+    if !old.is_null() {
+        ABANDONED.store(old, Ordering::Release);
+    }
 }
 
 fn slot(index: u32) -> &'static AtomicI32 {

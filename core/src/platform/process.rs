@@ -16,6 +16,8 @@ pub struct Identity {
     pub machine_id: Option<String>,
     pub pid_ns: Option<u64>,
     pub proc_start: Option<u64>,
+    /// The identity this one replaced (a forked parent's), kept reachable.
+    previous: Option<&'static Identity>,
 }
 
 /// This process's identity, computed once per PID: a forked child sees its
@@ -30,7 +32,10 @@ pub fn current() -> &'static Identity {
             return id;
         }
     }
-    let fresh: &'static mut Identity = Box::leak(Box::new(read_identity(pid)));
+    let mut id = read_identity(pid);
+    // SAFETY: as above.
+    id.previous = unsafe { p.as_ref() };
+    let fresh: &'static mut Identity = Box::leak(Box::new(id));
     CURRENT.store(fresh, Ordering::Release);
     fresh
 }
@@ -48,6 +53,7 @@ fn read_identity(pid: u32) -> Identity {
         machine_id: read_trimmed("/etc/machine-id"),
         pid_ns: rustix::fs::stat("/proc/self/ns/pid").ok().map(|s| s.st_ino),
         proc_start: start_time(pid),
+        previous: None,
     }
 }
 

@@ -1,0 +1,35 @@
+//! sidelease_inspect_json: the identity probe.
+
+use std::os::raw::c_char;
+
+use sidelease_core::{inspect, Options};
+
+use crate::error::sidelease_status;
+use crate::guard::{guard, non_null_mut, put};
+use crate::strings::{give, path_arg, str_arg};
+
+/// Inspect the lease of `target` without taking, blocking or disturbing it.
+/// `suffix` may be NULL for the default. `*out` receives a JSON object
+/// (keys target, lease_path, state, holders, record, record_status,
+/// orphans, unattributed) to free with sidelease_string_free().
+///
+/// Returns SIDELEASE_OK, SIDELEASE_ERR_NULL_ARGUMENT,
+/// SIDELEASE_ERR_INVALID_ARGUMENT or SIDELEASE_ERR_IO.
+#[no_mangle]
+pub unsafe extern "C" fn sidelease_inspect_json(
+    target: *const c_char,
+    suffix: *const c_char,
+    out: *mut *mut c_char,
+) -> sidelease_status {
+    guard(|| {
+        let target = path_arg(target, "target")?;
+        non_null_mut(out, "out")?;
+        let mut opts = Options::new();
+        if !suffix.is_null() {
+            opts = opts.suffix(str_arg(suffix, "suffix")?);
+        }
+        let i = inspect(target, &opts)?;
+        put(out, give(i.to_json()));
+        Ok(())
+    })
+}

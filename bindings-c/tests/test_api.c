@@ -1,0 +1,427 @@
+/* Every function of the C ABI and every error path, against the checked-in
+ * header and the built library. Real processes (fork) for contention; pipes
+ * for handshakes; every wait bounded. Ends with "N passed, N failed". */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "sidelease.h"
+
+static int passed, failed;
+
+#define CHECK(cond)                                                              \
+    do {                                                                         \
+        if (cond) {                                                              \
+            passed++;                                                            \
+        } else {                                                                 \
+            failed++;                                                            \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+        }                                                                        \
+    } while (0)
+
+#define EXPECT(call, code)                                                       \
+    do {                                                                         \
+        sidelease_status st_ = (call);                                           \
+        if (st_ == (code)) {                                                     \
+            passed++;                                                            \
+        } else {                                                                 \
+            char m_[512];                                                        \
+            sidelease_last_error(m_, sizeof m_, NULL);                           \
+            failed++;                                                            \
+            fprintf(stderr, "%s:%d: %s returned %d, expected %s (%d); last error: %s\n", \
+                    __FILE__, __LINE__, #call, (int)st_, #code, (int)(code), m_); \
+        }                                                                        \
+    } while (0)
+
+static char dir[256];
+
+static void path(char *buf, const char *name) { snprintf(buf, 512, "%s/%s", dir, name); }
+
+static int last_error_contains(const char *needle) {
+    char m[1024];
+    sidelease_last_error(m, sizeof m, NULL);
+    if (strstr(m, needle)) return 1;
+    fprintf(stderr, "  last error %s lacks %s\n", m, needle);
+    return 0;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* Read one byte from a pipe within 10 s, or fail loudly. */
+static int read_bounded(int fd) {
+    fd_set set;
+    struct timeval tv = {10, 0};
+    FD_ZERO(&set);
+    FD_SET(fd, &set);
+    if (select(fd + 1, &set, NULL, NULL, &tv) != 1) {
+        fprintf(stderr, "handshake timed out\n");
+        exit(2);
+    }
+    char c;
+    return read(fd, &c, 1) == 1 ? c : -1;
+}
+
+/* A child process that holds the lease of `target` until told to go. */
+struct holder {
+    pid_t pid;
+    int to_child, from_child;
+};
+
+static struct holder start_holder(const char *target) {
+    int up[2], down[2];
+    if (pipe(up) || pipe(down)) exit(2);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(up[0]);
+        close(down[1]);
+        sidelease_lease *l = NULL;
+        char ok = sidelease_acquire(target, NULL, NULL, &l) == SIDELEASE_OK ? 'R' : 'E';
+        if (write(up[1], &ok, 1) != 1) _exit(3);
+        read_bounded(down[0]);
+        sidelease_lease_release(l);
+        sidelease_lease_free(l);
+        _exit(0);
+    }
+    close(up[1]);
+    close(down[0]);
+    struct holder h = {pid, down[1], up[0]};
+    CHECK(read_bounded(h.from_child) == 'R');
+    return h;
+}
+
+static void stop_holder(struct holder *h) {
+    char c = 'G';
+    int status = -1;
+    CHECK(write(h->to_child, &c, 1) == 1);
+    CHECK(waitpid(h->pid, &status, 0) == h->pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    close(h->to_child);
+    close(h->from_child);
+}
+
+static void test_version_and_strerror(void) {
+    CHECK(strcmp(sidelease_version(), SIDELEASE_VERSION) == 0);
+    char buf[64];
+    size_t n = 0;
+    EXPECT(sidelease_strerror(SIDELEASE_ERR_IN_USE, buf, sizeof buf, &n), SIDELEASE_OK);
+    CHECK(strcmp(buf, "the lease is held by another process") == 0 && n == strlen(buf));
+    EXPECT(sidelease_strerror(9999, buf, sizeof buf, NULL), SIDELEASE_OK);
+    CHECK(strcmp(buf, "unknown status") == 0);
+    EXPECT(sidelease_strerror(SIDELEASE_ERR_IN_USE, buf, 5, &n), SIDELEASE_ERR_BUFFER_TOO_SMALL);
+    CHECK(strcmp(buf, "the ") == 0 && n > 5);
+    EXPECT(sidelease_strerror(SIDELEASE_OK, NULL, 0, &n), SIDELEASE_ERR_BUFFER_TOO_SMALL);
+    CHECK(n == strlen("success"));
+    EXPECT(sidelease_strerror(SIDELEASE_OK, NULL, 4, &n), SIDELEASE_ERR_NULL_ARGUMENT);
+}
+
+static void test_options(void) {
+    sidelease_options *o = NULL;
+    EXPECT(sidelease_options_new(NULL), SIDELEASE_ERR_NULL_ARGUMENT);
+    CHECK(last_error_contains("`out` is NULL"));
+    EXPECT(sidelease_options_new(&o), SIDELEASE_OK);
+    EXPECT(sidelease_options_set_timeout_ms(NULL, 5), SIDELEASE_ERR_NULL_ARGUMENT);
+    CHECK(last_error_contains("`opts`"));
+    EXPECT(sidelease_options_set_timeout_ms(o, 5), SIDELEASE_OK);
+    EXPECT(sidelease_options_set_suffix(o, NULL), SIDELEASE_ERR_NULL_ARGUMENT);
+    EXPECT(sidelease_options_set_suffix(o, "a/b"), SIDELEASE_ERR_INVALID_ARGUMENT);
+    CHECK(last_error_contains("`suffix`"));
+    EXPECT(sidelease_options_set_suffix(o, ""), SIDELEASE_ERR_INVALID_ARGUMENT);
+    EXPECT(sidelease_options_set_suffix(o, "\xff\xfe"), SIDELEASE_ERR_INVALID_ARGUMENT);
+    CHECK(last_error_contains("not valid UTF-8"));
+    EXPECT(sidelease_options_set_suffix(o, ".lock"), SIDELEASE_OK);
+    EXPECT(sidelease_options_set_metadata_json(o, "[1]"), SIDELEASE_ERR_INVALID_ARGUMENT);
+    CHECK(last_error_contains("`metadata`: must be a JSON object"));
+    EXPECT(sidelease_options_set_metadata_json(o, "{nope"), SIDELEASE_ERR_INVALID_ARGUMENT);
+    EXPECT(sidelease_options_set_metadata_json(o, "{\"s\":\"\xff\"}"), SIDELEASE_ERR_INVALID_ARGUMENT);
+    EXPECT(sidelease_options_set_metadata_json(o, "{\"app\":\"c-test\"}"), SIDELEASE_OK);
+    EXPECT(sidelease_options_set_metadata_json(o, NULL), SIDELEASE_OK);
+    EXPECT(sidelease_options_set_allow_unsupported_fs(o, false), SIDELEASE_OK);
+    EXPECT(sidelease_options_set_allow_unsupported_fs(NULL, false), SIDELEASE_ERR_NULL_ARGUMENT);
+    EXPECT(sidelease_options_set_split_guard(o, true), SIDELEASE_OK);
+    EXPECT(sidelease_options_set_split_guard(NULL, true), SIDELEASE_ERR_NULL_ARGUMENT);
+    EXPECT(sidelease_options_set_runtime(o, "c-test"), SIDELEASE_OK);
+    EXPECT(sidelease_options_set_runtime(o, "\xc3"), SIDELEASE_ERR_INVALID_ARGUMENT);
+    sidelease_options_free(o);
+    sidelease_options_free(NULL);
+}
+
+static void test_lease_lifecycle(void) {
+    char db[512];
+    path(db, "app.db");
+    sidelease_lease *a = NULL, *b = NULL;
+    EXPECT(sidelease_acquire(NULL, NULL, NULL, &a), SIDELEASE_ERR_NULL_ARGUMENT);
+    CHECK(last_error_contains("`target` is NULL"));
+    EXPECT(sidelease_acquire(db, NULL, NULL, NULL), SIDELEASE_ERR_NULL_ARGUMENT);
+    EXPECT(sidelease_acquire("", NULL, NULL, &a), SIDELEASE_ERR_INVALID_ARGUMENT);
+    CHECK(last_error_contains("`target`"));
+
+    sidelease_options *o = NULL;
+    sidelease_options_new(&o);
+    sidelease_options_set_metadata_json(o, "{\"app\":\"c-test\",\"port\":8000}");
+    EXPECT(sidelease_acquire(db, o, NULL, &a), SIDELEASE_OK);
+    sidelease_options_free(o);
+
+    char *s = NULL;
+    EXPECT(sidelease_lease_path(a, &s), SIDELEASE_OK);
+    CHECK(s && strstr(s, "app.db.backend-lease"));
+    sidelease_string_free(s);
+    EXPECT(sidelease_lease_path(NULL, &s), SIDELEASE_ERR_NULL_ARGUMENT);
+    EXPECT(sidelease_lease_path(a, NULL), SIDELEASE_ERR_NULL_ARGUMENT);
+    EXPECT(sidelease_lease_record_json(a, &s), SIDELEASE_OK);
+    CHECK(s && strstr(s, "\"runtime\":\"c\"") && strstr(s, "\"port\":8000"));
+    char pidtext[32];
+    snprintf(pidtext, sizeof pidtext, "\"pid\":%d,", (int)getpid());
+    CHECK(s && strstr(s, pidtext));
+    sidelease_string_free(s);
+    EXPECT(sidelease_lease_record_json(NULL, &s), SIDELEASE_ERR_NULL_ARGUMENT);
+    EXPECT(sidelease_lease_previous_json(a, &s), SIDELEASE_OK);
+    CHECK(s && strcmp(s, "null") == 0);
+    sidelease_string_free(s);
+    EXPECT(sidelease_lease_previous_json(a, NULL), SIDELEASE_ERR_NULL_ARGUMENT);
+    bool clean = false, written = false;
+    EXPECT(sidelease_lease_previous_released_cleanly(a, &clean), SIDELEASE_OK);
+    CHECK(clean);
+    EXPECT(sidelease_lease_previous_released_cleanly(a, NULL), SIDELEASE_ERR_NULL_ARGUMENT);
+    EXPECT(sidelease_lease_record_written(a, &written), SIDELEASE_OK);
+    CHECK(written);
+    EXPECT(sidelease_lease_record_written(NULL, &written), SIDELEASE_ERR_NULL_ARGUMENT);
+    uint64_t gen = 0;
+    EXPECT(sidelease_lease_generation(a, &gen), SIDELEASE_OK);
+    CHECK(gen == 1);
+    EXPECT(sidelease_lease_generation(a, NULL), SIDELEASE_ERR_NULL_ARGUMENT);
+    sidelease_check c = SIDELEASE_CHECK_REPLACED;
+    EXPECT(sidelease_lease_check(a, &c), SIDELEASE_OK);
+    CHECK(c == SIDELEASE_CHECK_HELD);
+    EXPECT(sidelease_lease_check(NULL, &c), SIDELEASE_ERR_NULL_ARGUMENT);
+    EXPECT(sidelease_lease_check(a, NULL), SIDELEASE_ERR_NULL_ARGUMENT);
+
+    /* Same process: the second acquisition shares the lease. */
+    EXPECT(sidelease_acquire(db, NULL, NULL, &b), SIDELEASE_OK);
+    EXPECT(sidelease_lease_generation(b, &gen), SIDELEASE_OK);
+    CHECK(gen == 1);
+    EXPECT(sidelease_lease_release(a), SIDELEASE_OK);
+    EXPECT(sidelease_lease_release(a), SIDELEASE_OK); /* no-op */
+    EXPECT(sidelease_lease_release(NULL), SIDELEASE_ERR_NULL_ARGUMENT);
+    EXPECT(sidelease_lease_check(a, &c), SIDELEASE_ERR_INVALID_ARGUMENT);
+    CHECK(last_error_contains("released"));
+    EXPECT(sidelease_lease_check(b, &c), SIDELEASE_OK);
+    CHECK(c == SIDELEASE_CHECK_HELD);
+    sidelease_lease_free(a);
+    sidelease_lease_free(b); /* releases the last handle */
+    sidelease_lease_free(NULL);
+
+    EXPECT(sidelease_acquire(db, NULL, NULL, &a), SIDELEASE_OK);
+    EXPECT(sidelease_lease_generation(a, &gen), SIDELEASE_OK);
+    CHECK(gen == 2);
+    EXPECT(sidelease_lease_previous_json(a, &s), SIDELEASE_OK);
+    CHECK(s && strstr(s, "\"released_at\""));
+    sidelease_string_free(s);
+
+    /* check() sees the file replaced (in this test's own directory). */
+    char lp[600], tmp[600];
+    snprintf(lp, sizeof lp, "%s.backend-lease", db);
+    path(tmp, "replacement");
+    FILE *f = fopen(tmp, "w");
+    fclose(f);
+    CHECK(rename(tmp, lp) == 0);
+    EXPECT(sidelease_lease_check(a, &c), SIDELEASE_OK);
+    CHECK(c == SIDELEASE_CHECK_REPLACED);
+    CHECK(unlink(lp) == 0);
+    EXPECT(sidelease_lease_check(a, &c), SIDELEASE_OK);
+    CHECK(c == SIDELEASE_CHECK_UNLINKED);
+    sidelease_lease_free(a);
+}
+
+static void test_inspect(void) {
+    char db[512], *s = NULL;
+    path(db, "inspect.db");
+    EXPECT(sidelease_inspect_json(db, NULL, &s), SIDELEASE_OK);
+    CHECK(s && strstr(s, "\"state\":\"free\"") && strstr(s, "\"record_status\":\"empty\""));
+    sidelease_string_free(s);
+    sidelease_lease *l = NULL;
+    EXPECT(sidelease_acquire(db, NULL, NULL, &l), SIDELEASE_OK);
+    EXPECT(sidelease_inspect_json(db, ".backend-lease", &s), SIDELEASE_OK);
+    CHECK(s && strstr(s, "\"state\":\"held\"") && strstr(s, "\"record_status\":\"self\""));
+    sidelease_string_free(s);
+    EXPECT(sidelease_inspect_json(db, ".other", &s), SIDELEASE_OK);
+    CHECK(s && strstr(s, "\"state\":\"free\""));
+    sidelease_string_free(s);
+    EXPECT(sidelease_inspect_json(NULL, NULL, &s), SIDELEASE_ERR_NULL_ARGUMENT);
+    EXPECT(sidelease_inspect_json(db, NULL, NULL), SIDELEASE_ERR_NULL_ARGUMENT);
+    EXPECT(sidelease_inspect_json(db, "a/b", &s), SIDELEASE_ERR_INVALID_ARGUMENT);
+    EXPECT(sidelease_inspect_json(db, "\xff", &s), SIDELEASE_ERR_INVALID_ARGUMENT);
+    sidelease_lease_free(l);
+}
+
+static void test_io_and_filesystem_errors(void) {
+    char db[512];
+    sidelease_lease *l = NULL;
+    path(db, "no-such-dir/app.db");
+    EXPECT(sidelease_acquire(db, NULL, NULL, &l), SIDELEASE_ERR_IO);
+    CHECK(sidelease_last_errno() == ENOENT);
+    CHECK(last_error_contains("no-such-dir"));
+    CHECK(l == NULL);
+    EXPECT(sidelease_acquire("/proc/sidelease-c-test.db", NULL, NULL, &l), SIDELEASE_ERR_UNSUPPORTED_FS);
+    CHECK(last_error_contains("allow_unsupported_fs"));
+    CHECK(sidelease_last_errno() == 0);
+    size_t n = 0;
+    EXPECT(sidelease_last_error(NULL, 0, &n), SIDELEASE_ERR_BUFFER_TOO_SMALL);
+    CHECK(n > 20);
+}
+
+struct waiter_args {
+    const char *target;
+    int64_t timeout_ms;
+    sidelease_cancel *cancel;
+    sidelease_status status;
+    double took;
+};
+
+static void *waiter(void *p) {
+    struct waiter_args *w = p;
+    sidelease_options *o = NULL;
+    sidelease_options_new(&o);
+    sidelease_options_set_timeout_ms(o, w->timeout_ms);
+    sidelease_lease *l = NULL;
+    double t = now_s();
+    w->status = sidelease_acquire(w->target, o, w->cancel, &l);
+    w->took = now_s() - t;
+    sidelease_lease_free(l);
+    sidelease_options_free(o);
+    return NULL;
+}
+
+static void test_contention(void) {
+    char db[512];
+    path(db, "contended.db");
+    struct holder h = start_holder(db);
+    sidelease_lease *l = NULL;
+
+    EXPECT(sidelease_acquire(db, NULL, NULL, &l), SIDELEASE_ERR_IN_USE);
+    char want[64], holder[2048];
+    snprintf(want, sizeof want, "is leased by pid %d (c)", (int)h.pid);
+    CHECK(last_error_contains(want));
+    EXPECT(sidelease_last_holder_json(holder, sizeof holder, NULL), SIDELEASE_OK);
+    snprintf(want, sizeof want, "\"pid\":%d,", (int)h.pid);
+    CHECK(strstr(holder, want) != NULL);
+    uint32_t pids[4] = {0};
+    size_t count = 0;
+    EXPECT(sidelease_last_holder_pids(pids, 4, &count), SIDELEASE_OK);
+    CHECK(count == 1 && pids[0] == (uint32_t)h.pid);
+    EXPECT(sidelease_last_holder_pids(NULL, 0, &count), SIDELEASE_ERR_BUFFER_TOO_SMALL);
+    EXPECT(sidelease_last_holder_pids(pids, 4, NULL), SIDELEASE_ERR_NULL_ARGUMENT);
+
+    /* A timeout expires while held. */
+    sidelease_options *o = NULL;
+    sidelease_options_new(&o);
+    sidelease_options_set_timeout_ms(o, 200);
+    double t = now_s();
+    EXPECT(sidelease_acquire(db, o, NULL, &l), SIDELEASE_ERR_TIMEOUT);
+    CHECK(now_s() - t >= 0.2 && now_s() - t < 3);
+    CHECK(last_error_contains("timed out after 0.2"));
+    EXPECT(sidelease_last_holder_pids(pids, 4, &count), SIDELEASE_OK);
+    CHECK(count == 1 && pids[0] == (uint32_t)h.pid);
+    sidelease_options_free(o);
+
+    /* A wait forever is cancelled from this thread. */
+    sidelease_cancel *cancel = NULL;
+    EXPECT(sidelease_cancel_new(NULL), SIDELEASE_ERR_NULL_ARGUMENT);
+    EXPECT(sidelease_cancel_new(&cancel), SIDELEASE_OK);
+    struct waiter_args w = {db, -1, cancel, SIDELEASE_OK, 0};
+    pthread_t th;
+    pthread_create(&th, NULL, waiter, &w);
+    struct timespec pause = {0, 100 * 1000 * 1000};
+    nanosleep(&pause, NULL);
+    EXPECT(sidelease_cancel_cancel(cancel), SIDELEASE_OK);
+    EXPECT(sidelease_cancel_cancel(NULL), SIDELEASE_ERR_NULL_ARGUMENT);
+    pthread_join(th, NULL);
+    CHECK(w.status == SIDELEASE_ERR_CANCELLED);
+    CHECK(w.took < 2.0);
+    sidelease_cancel_free(cancel);
+    sidelease_cancel_free(NULL);
+
+    /* A waiter with a timeout wakes when the other process releases. */
+    struct waiter_args w2 = {db, 10000, NULL, SIDELEASE_ERR_PANIC, 0};
+    pthread_create(&th, NULL, waiter, &w2);
+    nanosleep(&pause, NULL);
+    stop_holder(&h);
+    pthread_join(th, NULL);
+    CHECK(w2.status == SIDELEASE_OK);
+    CHECK(w2.took < 2.0);
+}
+
+static void test_fork_child_does_not_keep_the_lease(void) {
+    char db[512];
+    path(db, "forked.db");
+    sidelease_lease *l = NULL;
+    EXPECT(sidelease_acquire(db, NULL, NULL, &l), SIDELEASE_OK);
+    int down[2], up[2];
+    if (pipe(down) || pipe(up)) exit(2);
+    pid_t child = fork();
+    if (child == 0) {
+        /* The handle belongs to the parent: it holds nothing here. */
+        sidelease_check c;
+        char ok = sidelease_lease_check(l, &c) == SIDELEASE_ERR_INVALID_ARGUMENT &&
+                          sidelease_lease_release(l) == SIDELEASE_OK
+                      ? 'K'
+                      : 'X';
+        if (write(up[1], &ok, 1) != 1) _exit(3);
+        read_bounded(down[0]);
+        _exit(0);
+    }
+    CHECK(read_bounded(up[0]) == 'K');
+    /* The child's release did not release the parent's lease... */
+    sidelease_lease *other = NULL;
+    pid_t probe = fork();
+    if (probe == 0) _exit(sidelease_acquire(db, NULL, NULL, &other) == SIDELEASE_ERR_IN_USE ? 0 : 1);
+    int status = -1;
+    waitpid(probe, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    /* ...and after the parent releases, the live child does not hold it. */
+    EXPECT(sidelease_lease_release(l), SIDELEASE_OK);
+    probe = fork();
+    if (probe == 0) _exit(sidelease_acquire(db, NULL, NULL, &other) == SIDELEASE_OK ? 0 : 1);
+    waitpid(probe, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    char c = 'G';
+    CHECK(write(down[1], &c, 1) == 1);
+    waitpid(child, &status, 0);
+    sidelease_lease_free(l);
+    close(down[0]);
+    close(down[1]);
+    close(up[0]);
+    close(up[1]);
+}
+
+int main(void) {
+    const char *base = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    snprintf(dir, sizeof dir, "%s/sidelease-c-test-XXXXXX", base);
+    if (!mkdtemp(dir)) {
+        perror("mkdtemp");
+        return 2;
+    }
+    test_version_and_strerror();
+    test_options();
+    test_lease_lifecycle();
+    test_inspect();
+    test_io_and_filesystem_errors();
+    test_contention();
+    test_fork_child_does_not_keep_the_lease();
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs libsidelease into a temporary prefix, builds the daemon through
+# pkg-config against that install, and checks that a second instance is
+# refused naming the first, and that SIGTERM releases.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+work=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"; }
+trap cleanup EXIT
+
+make -s -C "$root/bindings-c" install PREFIX="$work/prefix" >/dev/null
+export PKG_CONFIG_PATH="$work/prefix/lib/pkgconfig"
+test "$(pkg-config --modversion sidelease)" = "$(sed -n 's/^version = "\(.*\)"/\1/p' "$root/Cargo.toml" | head -1)"
+# shellcheck disable=SC2046
+cc -std=c11 -Wall -Werror "$here/daemon.c" $(pkg-config --cflags --libs sidelease) \
+   -Wl,-rpath,"$work/prefix/lib" -o "$work/daemon"
+readelf -d "$work/daemon" | grep -q 'NEEDED.*libsidelease.so.0' || { echo "not linked to the SONAME" >&2; exit 1; }
+
+mkdir "$work/data"
+"$work/daemon" "$work/data" >"$work/a.out" 2>&1 &
+a=$!; pids+=("$a")
+for _ in $(seq 1 500); do grep -q "owns" "$work/a.out" && break; sleep 0.01; done
+grep -q "daemon: pid $a owns" "$work/a.out" || { cat "$work/a.out"; echo "first daemon did not start" >&2; exit 1; }
+
+set +e
+"$work/daemon" "$work/data" >"$work/b.out" 2>&1
+b_status=$?
+set -e
+test "$b_status" = 75 || { cat "$work/b.out"; echo "second daemon exited $b_status, not 75" >&2; exit 1; }
+grep -q "is leased by pid $a (c)" "$work/b.out" || { cat "$work/b.out"; echo "refusal does not name pid $a" >&2; exit 1; }
+
+kill -TERM "$a"
+wait "$a"
+grep -q "daemon: released" "$work/a.out"
+"$root/target/release/sidelease" status "$work/data" >/dev/null   # exit 0: free
+echo "examples/c: 1 passed, 0 failed"
