@@ -2,6 +2,7 @@
 # Installs the tools the test suites need, if missing. Idempotent; called by
 # tests/run, so the README's test command works on a fresh machine.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 CBINDGEN_VERSION=0.29.2
 
 have() { command -v "$1" >/dev/null 2>&1; }
@@ -18,3 +19,15 @@ have valgrind || { echo "setup: installing valgrind"; apt_install valgrind; }
 have pkg-config || { echo "setup: installing pkg-config"; apt_install pkg-config; }
 have cc || { echo "setup: installing gcc"; apt_install gcc; }
 have make || { echo "setup: installing make"; apt_install make; }
+
+# Python: a virtualenv with the build and test tools (FastAPI and uvicorn
+# are example/test dependencies only).
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv"
+  python3 -m venv .venv
+fi
+if ! .venv/bin/python -c "import maturin, pytest, mypy, fastapi, uvicorn, typing_extensions" 2>/dev/null; then
+  echo "setup: installing Python test tools into .venv"
+  .venv/bin/pip install --quiet --upgrade pip
+  .venv/bin/pip install --quiet "maturin==1.16.0" "pytest>=8" "mypy>=1.18" fastapi uvicorn typing_extensions
+fi

@@ -422,14 +422,25 @@ impl Pending {
         c
     }
 
+    /// When the wait ends (`None`: never); for NoWait, when it started.
+    pub fn deadline(&self) -> Option<Instant> {
+        match self.opts.wait {
+            Wait::NoWait => Some(self.started),
+            // A timeout past the end of time is no deadline at all.
+            Wait::Timeout(d) => self.started.checked_add(d),
+            Wait::Forever => None,
+        }
+    }
+
+    /// Whether this acquisition may wait at all.
+    pub fn waits(&self) -> bool {
+        self.opts.wait != Wait::NoWait
+    }
+
     /// Wait as the options say, on kernel events, until acquired, timed out
     /// or cancelled.
     pub fn wait(mut self, cancel: Option<&CancelToken>) -> Result<Lease> {
-        let deadline = match self.opts.wait {
-            Wait::NoWait => Some(self.started),
-            Wait::Timeout(d) => Some(self.started + d),
-            Wait::Forever => None,
-        };
+        let deadline = self.deadline();
         loop {
             if let Some(lease) = self.try_acquire()? {
                 return Ok(lease);
@@ -443,15 +454,16 @@ impl Pending {
                 None => Duration::MAX,
             };
             let sleep = self.next_check().min(remaining);
-            if self.sleep(sleep, cancel)? {
+            if self.wait_for_change(sleep, cancel)? {
                 self.woke();
             }
         }
     }
 
     /// Sleep until the watch fires (true), the time passes (false) or the
-    /// token is cancelled (error).
-    fn sleep(&self, timeout: Duration, cancel: Option<&CancelToken>) -> Result<bool> {
+    /// token is cancelled (error). For bindings that loop themselves (to
+    /// check for signals between short sleeps, say); call `woke` after true.
+    pub fn wait_for_change(&self, timeout: Duration, cancel: Option<&CancelToken>) -> Result<bool> {
         use rustix::event::{poll, PollFd, PollFlags, Timespec};
         let ts = Timespec {
             tv_sec: timeout.as_secs().min(i64::MAX as u64) as i64,

@@ -34,5 +34,6 @@ grep -q "is leased by pid $a (c)" "$work/b.out" || { cat "$work/b.out"; echo "re
 kill -TERM "$a"
 wait "$a"
 grep -q "daemon: released" "$work/a.out"
+cargo build --release --quiet --manifest-path "$root/Cargo.toml" -p sidelease-cli
 "$root/target/release/sidelease" status "$work/data" >/dev/null   # exit 0: free
 echo "examples/c: 1 passed, 0 failed"

@@ -1,0 +1,105 @@
+"""sidelease: one exclusive lease per database on a machine.
+
+>>> import sidelease
+>>> with sidelease.acquire("app.db") as lease:
+...     if not lease.previous_released_cleanly:
+...         pass  # the previous holder died holding the lease: recover
+
+The lease is an exclusive flock on ``app.db.backend-lease``, shared by every
+handle of this process and judged from the kernel. The same core serves C,
+Node and Bun, so all of them contend correctly with each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any, Dict, Optional, Union
+
+from . import _native
+from ._errors import (
+    InvalidArgument,
+    LeaseError,
+    LeaseInUse,
+    LeaseOSError,
+    LeaseTimeout,
+    UnsupportedFilesystem,
+)
+from ._native import Lease, acquire, inspect
+
+__version__: str = _native.__version__
+
+__all__ = [
+    "InvalidArgument",
+    "Lease",
+    "LeaseError",
+    "LeaseInUse",
+    "LeaseOSError",
+    "LeaseTimeout",
+    "UnsupportedFilesystem",
+    "__version__",
+    "acquire",
+    "acquire_async",
+    "inspect",
+]
+
+
+async def acquire_async(
+    target: Union[str, "os.PathLike[str]"],
+    *,
+    timeout: Optional[float] = 0,
+    suffix: str = ".backend-lease",
+    metadata: Optional[Dict[str, Any]] = None,
+    allow_unsupported_fs: bool = False,
+    split_guard: bool = True,
+) -> Lease:
+    """Acquire like :func:`acquire`, waiting without blocking the event loop.
+
+    The wait needs no thread: the loop watches the kernel's notification
+    descriptor for the lease file. Cancelling the task cancels the wait and
+    leaves nothing held.
+    """
+    pending = _native.Pending(
+        target,
+        timeout=timeout,
+        suffix=suffix,
+        metadata=metadata,
+        allow_unsupported_fs=allow_unsupported_fs,
+        split_guard=split_guard,
+    )
+    loop = asyncio.get_running_loop()
+    try:
+        while True:
+            lease = pending.try_acquire()
+            if lease is not None:
+                return lease
+            remaining = pending.remaining()
+            if remaining is not None and remaining <= 0:
+                raise pending.error(timeout != 0)
+            delay = pending.next_check()
+            if remaining is not None:
+                delay = min(delay, remaining)
+            if await _wait_readable(loop, pending.wait_fd(), delay):
+                pending.woke()
+    finally:
+        pending.close()
+
+
+async def _wait_readable(loop: asyncio.AbstractEventLoop, fd: Optional[int], delay: float) -> bool:
+    """Wait until ``fd`` is readable (True) or ``delay`` seconds pass (False)."""
+    if fd is None:
+        await asyncio.sleep(delay)
+        return False
+    fut: asyncio.Future[bool] = loop.create_future()
+
+    def ready(value: bool) -> None:
+        if not fut.done():
+            fut.set_result(value)
+
+    loop.add_reader(fd, ready, True)
+    timer = loop.call_later(delay, ready, False)
+    try:
+        return await fut
+    finally:
+        timer.cancel()
+        loop.remove_reader(fd)

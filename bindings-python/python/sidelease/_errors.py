@@ -1,0 +1,89 @@
+"""The exceptions of sidelease. The native module raises these classes."""
+
+from __future__ import annotations
+
+import errno as _errno
+from typing import Any, Dict, List, Optional, Tuple, Type
+
+
+class LeaseError(Exception):
+    """Base of every sidelease error."""
+
+
+class LeaseInUse(LeaseError):
+    """Another process holds the lease.
+
+    ``holder`` is the holder record (a dict) or None when it is empty or
+    unreadable (which never means the lease is free); ``holders`` are the
+    PIDs the kernel reports as holding it.
+    """
+
+    holder: Optional[Dict[str, Any]]
+    holders: List[int]
+    lease_path: str
+    target: str
+
+    def __init__(
+        self,
+        message: str,
+        holder: Optional[Dict[str, Any]] = None,
+        holders: Optional[List[int]] = None,
+        lease_path: str = "",
+        target: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.holder = holder
+        self.holders = list(holders or [])
+        self.lease_path = lease_path
+        self.target = target
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        return (type(self), (str(self), self.holder, self.holders, self.lease_path, self.target))
+
+
+class LeaseTimeout(LeaseInUse):
+    """The lease stayed held for the whole timeout."""
+
+
+class UnsupportedFilesystem(LeaseError):
+    """The lease directory is on a filesystem where flock cannot be trusted
+    (NFS, SMB, FUSE, ...). Pass ``allow_unsupported_fs=True`` to use it anyway."""
+
+    fstype: str
+    path: str
+
+    def __init__(self, message: str, fstype: str = "", path: str = "") -> None:
+        super().__init__(message)
+        self.fstype = fstype
+        self.path = path
+
+
+class InvalidArgument(LeaseError, ValueError):
+    """An argument's value is not acceptable; the message names it."""
+
+
+class LeaseOSError(LeaseError, OSError):
+    """A system call failed. Instances are also the matching OSError subclass
+    (FileNotFoundError, PermissionError, ...), with ``errno``, ``filename``
+    and ``syscall``."""
+
+    syscall: str
+
+
+_OS_CLASSES: Dict[Type[OSError], Type[LeaseOSError]] = {}
+
+
+def _os_error(code: int, message: str, filename: str, syscall: str) -> LeaseOSError:
+    """Build the exception for an I/O failure: a LeaseError that is also the
+    OSError subclass Python uses for ``code``."""
+    base = type(OSError(code, "")) if code else OSError
+    cls = _OS_CLASSES.get(base)
+    if cls is None:
+        cls = LeaseOSError if base is OSError else type(base.__name__, (LeaseOSError, base), {
+            "__module__": __name__,
+            "__doc__": f"A sidelease I/O failure that is a {base.__name__}.",
+        })
+        _OS_CLASSES[base] = cls
+    exc = cls(code or _errno.EIO, message, filename)
+    exc.syscall = syscall
+    return exc

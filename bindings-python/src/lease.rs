@@ -1,0 +1,283 @@
+//! `acquire`, `inspect` and the `Lease` handle.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use pyo3::exceptions::PyResourceWarning;
+use pyo3::prelude::*;
+use pyo3::types::PyType;
+use sidelease::{Options, Pending as CorePending, Wait};
+
+use crate::error::{invalid, IntoPyResult};
+use crate::json;
+
+/// How long a native wait sleeps before looking for Ctrl-C (the GIL is
+/// released meanwhile; signals are only delivered to Python between sleeps).
+const SIGNAL_CHECK: Duration = Duration::from_millis(50);
+
+pub fn runtime() -> String {
+    static RUNTIME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    RUNTIME
+        .get_or_init(|| {
+            Python::attach(|py| {
+                let v = py.version_info();
+                format!("python {}.{}.{}", v.major, v.minor, v.patch)
+            })
+        })
+        .clone()
+}
+
+/// The options shared by `acquire` and `acquire_async`.
+pub fn options(
+    py: Python<'_>,
+    timeout: Option<f64>,
+    suffix: &str,
+    metadata: Option<&Bound<'_, PyAny>>,
+    allow_unsupported_fs: bool,
+    split_guard: bool,
+) -> PyResult<Options> {
+    let wait = match timeout {
+        None => Wait::Forever,
+        Some(t) => Wait::from_secs_f64(t).py(py)?,
+    };
+    let mut o = Options::new()
+        .wait(wait)
+        .suffix(suffix)
+        .allow_unsupported_fs(allow_unsupported_fs)
+        .split_guard(split_guard)
+        .runtime(runtime());
+    if let Some(m) = metadata.filter(|m| !m.is_none()) {
+        let text = json::metadata_text(py, m)?;
+        o.metadata = Some(sidelease::record::parse_metadata(&text).py(py)?);
+    }
+    o.validate().py(py)?;
+    Ok(o)
+}
+
+/// Acquire the lease of `target`. `timeout` in seconds: 0 is one attempt,
+/// None waits forever. The GIL is released while waiting; Ctrl-C ends a
+/// wait with KeyboardInterrupt.
+#[pyfunction]
+#[pyo3(signature = (target, *, timeout=Some(0.0), suffix=sidelease::DEFAULT_SUFFIX, metadata=None, allow_unsupported_fs=false, split_guard=true))]
+pub fn acquire(
+    py: Python<'_>,
+    target: PathBuf,
+    timeout: Option<f64>,
+    suffix: &str,
+    metadata: Option<&Bound<'_, PyAny>>,
+    allow_unsupported_fs: bool,
+    split_guard: bool,
+) -> PyResult<Lease> {
+    let opts = options(
+        py,
+        timeout,
+        suffix,
+        metadata,
+        allow_unsupported_fs,
+        split_guard,
+    )?;
+    let mut p = CorePending::new(&target, &opts).py(py)?;
+    let deadline = p.deadline();
+    loop {
+        if let Some(lease) = p.try_acquire().py(py)? {
+            return Ok(Lease::new(lease));
+        }
+        let now = Instant::now();
+        let remaining = match deadline {
+            Some(d) if now >= d => return Err(p.contention_error(p.waits())).py(py),
+            Some(d) => d - now,
+            None => Duration::MAX,
+        };
+        let sleep = p.next_check().min(remaining).min(SIGNAL_CHECK);
+        let woke = py.detach(|| p.wait_for_change(sleep, None)).py(py)?;
+        if woke {
+            p.woke();
+        }
+        py.check_signals()?;
+    }
+}
+
+/// Inspect the lease of `target` without taking or disturbing it.
+#[pyfunction]
+#[pyo3(signature = (target, *, suffix=sidelease::DEFAULT_SUFFIX))]
+pub fn inspect<'py>(py: Python<'py>, target: PathBuf, suffix: &str) -> PyResult<Bound<'py, PyAny>> {
+    let opts = Options::new().suffix(suffix);
+    let i = py.detach(|| sidelease::inspect(&target, &opts)).py(py)?;
+    json::loads(py, &i.to_json())
+}
+
+/// A handle on a lease: a context manager (sync and async). `release()`
+/// is idempotent; a handle collected without release releases and warns.
+#[pyclass(module = "sidelease._native", frozen)]
+pub struct Lease {
+    inner: sidelease::Lease,
+}
+
+impl Lease {
+    pub fn new(inner: sidelease::Lease) -> Lease {
+        Lease { inner }
+    }
+}
+
+#[pymethods]
+impl Lease {
+    /// Release this handle's share (the last release of a lease records it
+    /// and drops the lock). A second call does nothing.
+    fn release(&self, py: Python<'_>) -> PyResult<()> {
+        self.inner.release().py(py)
+    }
+
+    /// "held", "unlinked" or "replaced": does the lease path still name the
+    /// locked file?
+    fn check(&self, py: Python<'_>) -> PyResult<&'static str> {
+        if self.inner.is_released() {
+            return Err(invalid(
+                py,
+                "invalid argument `lease`: this lease handle was released",
+            ));
+        }
+        Ok(self.inner.check().py(py)?.as_str())
+    }
+
+    #[getter]
+    fn lease_path(&self) -> String {
+        self.inner.lease_path().to_string_lossy().into_owned()
+    }
+
+    #[getter]
+    fn target(&self) -> String {
+        self.inner.target().to_string_lossy().into_owned()
+    }
+
+    #[getter]
+    fn record<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        json::loads(py, &self.inner.record().to_json())
+    }
+
+    #[getter]
+    fn previous<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        self.inner
+            .previous()
+            .map(|r| json::loads(py, &r.to_json()))
+            .transpose()
+    }
+
+    #[getter]
+    fn previous_released_cleanly(&self) -> bool {
+        self.inner.previous_released_cleanly()
+    }
+
+    #[getter]
+    fn generation(&self) -> u64 {
+        self.inner.generation()
+    }
+
+    #[getter]
+    fn record_written(&self) -> bool {
+        self.inner.record_written()
+    }
+
+    #[getter]
+    fn released(&self) -> bool {
+        self.inner.is_released()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<sidelease.Lease {:?} generation={} {}>",
+            self.inner.target().display().to_string(),
+            self.inner.generation(),
+            if self.inner.is_released() {
+                "released"
+            } else {
+                "held"
+            }
+        )
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
+        self.release(py)?;
+        Ok(false)
+    }
+
+    fn __aenter__(slf: Py<Self>, py: Python<'_>) -> PyResult<Py<Ready>> {
+        Py::new(
+            py,
+            Ready {
+                value: Some(slf.into_any()),
+            },
+        )
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __aexit__(
+        &self,
+        py: Python<'_>,
+        _exc: &Bound<'_, pyo3::types::PyTuple>,
+    ) -> PyResult<Py<Ready>> {
+        self.release(py)?;
+        Py::new(
+            py,
+            Ready {
+                value: Some(false.into_pyobject(py)?.to_owned().into_any().unbind()),
+            },
+        )
+    }
+
+    #[classmethod]
+    fn __class_getitem__(cls: &Bound<'_, PyType>, _item: &Bound<'_, PyAny>) -> Py<PyType> {
+        cls.clone().unbind()
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if self.inner.is_released() {
+            return;
+        }
+        let _ = self.inner.release();
+        Python::attach(|py| {
+            let msg = format!(
+                "sidelease.Lease for {} was garbage-collected without release(); released it now",
+                self.inner.target().display()
+            );
+            let cat = py.get_type::<PyResourceWarning>();
+            if let Err(e) = PyErr::warn(
+                py,
+                &cat,
+                &std::ffi::CString::new(msg).unwrap_or_default(),
+                1,
+            ) {
+                e.write_unraisable(py, None);
+            }
+        });
+    }
+}
+
+/// An awaitable that is already done (what `__aenter__`/`__aexit__` return,
+/// since nothing there needs to wait).
+#[pyclass(module = "sidelease._native")]
+pub struct Ready {
+    value: Option<Py<PyAny>>,
+}
+
+#[pymethods]
+impl Ready {
+    fn __await__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __iter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __next__(&mut self, py: Python<'_>) -> PyResult<()> {
+        let v = self.value.take().unwrap_or_else(|| py.None());
+        Err(pyo3::exceptions::PyStopIteration::new_err((v,)))
+    }
+}

@@ -1,0 +1,20 @@
+//! `sidelease._native`: the Python surface of the sidelease core. The
+//! public package (`python/sidelease`) re-exports it and adds asyncio.
+
+mod error;
+mod json;
+mod lease;
+mod pending;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", sidelease::VERSION)?;
+    m.add_function(wrap_pyfunction!(lease::acquire, m)?)?;
+    m.add_function(wrap_pyfunction!(lease::inspect, m)?)?;
+    m.add_class::<lease::Lease>()?;
+    m.add_class::<pending::Pending>()?;
+    m.add_class::<lease::Ready>()?;
+    Ok(())
+}

@@ -1,0 +1,110 @@
+//! `Pending`: one acquisition in progress, driven by asyncio in
+//! `sidelease.acquire_async` (no thread per wait: the event loop watches the
+//! inotify descriptor).
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use pyo3::prelude::*;
+use sidelease::Pending as CorePending;
+
+use crate::error::IntoPyResult;
+use crate::lease::{options, Lease};
+
+#[pyclass(module = "sidelease._native", frozen)]
+pub struct Pending {
+    inner: Mutex<Option<CorePending>>,
+}
+
+impl Pending {
+    fn with<T>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut CorePending) -> PyResult<T>,
+    ) -> PyResult<T> {
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        match g.as_mut() {
+            Some(p) => f(p),
+            None => Err(crate::error::invalid(
+                py,
+                "invalid argument `pending`: this acquisition was closed",
+            )),
+        }
+    }
+}
+
+#[pymethods]
+impl Pending {
+    #[new]
+    #[pyo3(signature = (target, *, timeout=Some(0.0), suffix=sidelease::DEFAULT_SUFFIX, metadata=None, allow_unsupported_fs=false, split_guard=true))]
+    fn new(
+        py: Python<'_>,
+        target: PathBuf,
+        timeout: Option<f64>,
+        suffix: &str,
+        metadata: Option<&Bound<'_, PyAny>>,
+        allow_unsupported_fs: bool,
+        split_guard: bool,
+    ) -> PyResult<Self> {
+        let opts = options(
+            py,
+            timeout,
+            suffix,
+            metadata,
+            allow_unsupported_fs,
+            split_guard,
+        )?;
+        let p = CorePending::new(&target, &opts).py(py)?;
+        Ok(Pending {
+            inner: Mutex::new(Some(p)),
+        })
+    }
+
+    /// One non-blocking attempt: a Lease, or None while someone else holds it.
+    fn try_acquire(&self, py: Python<'_>) -> PyResult<Option<Lease>> {
+        self.with(py, |p| Ok(p.try_acquire().py(py)?.map(Lease::new)))
+    }
+
+    /// The descriptor that turns readable when the lease file changed, or
+    /// None (then poll at next_check()).
+    fn wait_fd(&self, py: Python<'_>) -> PyResult<Option<i32>> {
+        use std::os::fd::AsRawFd;
+        self.with(py, |p| Ok(p.wait_fd().map(|fd| fd.as_raw_fd())))
+    }
+
+    /// Seconds until the next attempt should be made without an event.
+    fn next_check(&self, py: Python<'_>) -> PyResult<f64> {
+        self.with(py, |p| Ok(p.next_check().as_secs_f64()))
+    }
+
+    /// Seconds left before the timeout (None: no timeout; 0 for one attempt).
+    fn remaining(&self, py: Python<'_>) -> PyResult<Option<f64>> {
+        self.with(py, |p| {
+            Ok(p.deadline().map(|d| {
+                d.saturating_duration_since(std::time::Instant::now())
+                    .as_secs_f64()
+            }))
+        })
+    }
+
+    /// Note that wait_fd() turned readable.
+    fn woke(&self, py: Python<'_>) -> PyResult<()> {
+        self.with(py, |p| {
+            p.woke();
+            Ok(())
+        })
+    }
+
+    /// The LeaseInUse (or LeaseTimeout) exception for the current holder.
+    fn error(&self, py: Python<'_>, timed_out: bool) -> PyResult<PyErr> {
+        self.with(py, |p| {
+            Ok(crate::error::to_py(py, p.contention_error(timed_out)))
+        })
+    }
+
+    /// Give up: close the descriptors this acquisition opened. Idempotent.
+    fn close(&self) {
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        g.take();
+    }
+}

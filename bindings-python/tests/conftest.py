@@ -1,0 +1,85 @@
+"""Helpers: another real Python process that holds a lease on command."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import textwrap
+from typing import Any, Dict, Iterator, List
+
+import pytest
+
+STEP = 10.0  # seconds any handshake may take before the test fails loudly
+
+HOLDER = textwrap.dedent(
+    """
+    import json, sys, sidelease
+    lease = sidelease.acquire(sys.argv[1], metadata={"role": "holder"})
+    print(json.dumps({"event": "ready", "record": lease.record}), flush=True)
+    for line in sys.stdin:
+        if line.strip() == "release":
+            lease.release()
+            print(json.dumps({"event": "released"}), flush=True)
+    """
+)
+
+
+class Holder:
+    """A holder process; `release()` and `kill()` by its PID only."""
+
+    def __init__(self, target: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", HOLDER, target],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.transcript: List[str] = []
+        ready = self.recv()
+        assert ready["event"] == "ready", self.transcript
+        self.record: Dict[str, Any] = ready["record"]
+        self.pid = self.proc.pid
+
+    def recv(self) -> Dict[str, Any]:
+        assert self.proc.stdout is not None
+        r, _, _ = select.select([self.proc.stdout], [], [], STEP)
+        assert r, f"holder {self.proc.pid} did not answer: {self.transcript}"
+        line = self.proc.stdout.readline()
+        assert line, f"holder {self.proc.pid} exited: {self.transcript}"
+        self.transcript.append(line)
+        return json.loads(line)
+
+    def release(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("release\n")
+        self.proc.stdin.flush()
+        assert self.recv()["event"] == "released"
+
+    def kill(self, sig: int = 9) -> None:
+        os.kill(self.proc.pid, sig)
+        self.proc.wait(STEP)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(STEP)
+        for f in (self.proc.stdin, self.proc.stdout):
+            if f is not None:
+                f.close()
+
+
+@pytest.fixture
+def db(tmp_path: Any) -> str:
+    return str(tmp_path / "app.db")
+
+
+@pytest.fixture
+def holder(db: str) -> Iterator[Holder]:
+    h = Holder(db)
+    try:
+        yield h
+    finally:
+        h.close()

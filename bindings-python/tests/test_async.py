@@ -1,0 +1,102 @@
+"""acquire_async: waits on the event loop, cancels cleanly, needs no thread
+per wait."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+
+import pytest
+
+import sidelease
+from conftest import STEP, Holder
+
+
+def run(coro):  # type: ignore[no-untyped-def]
+    return asyncio.run(asyncio.wait_for(coro, STEP * 2))
+
+
+def test_acquire_async_when_free(db: str) -> None:
+    async def main() -> None:
+        lease = await sidelease.acquire_async(db, metadata={"a": 1})
+        assert lease.record["metadata"] == {"a": 1}
+        lease.release()
+
+    run(main())
+
+
+def test_acquire_async_in_use_and_timeout(db: str, holder: Holder) -> None:
+    async def main() -> None:
+        with pytest.raises(sidelease.LeaseInUse) as ei:
+            await sidelease.acquire_async(db)
+        assert type(ei.value) is sidelease.LeaseInUse
+        assert ei.value.holders == [holder.pid]
+        t = time.monotonic()
+        with pytest.raises(sidelease.LeaseTimeout):
+            await sidelease.acquire_async(db, timeout=0.3)
+        assert time.monotonic() - t >= 0.3
+
+    run(main())
+
+
+def test_wait_does_not_block_the_loop_and_wakes_on_release(db: str, holder: Holder) -> None:
+    async def main() -> None:
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        tick = asyncio.create_task(ticker())
+        waiter = asyncio.create_task(sidelease.acquire_async(db, timeout=STEP))
+        await asyncio.sleep(0.3)
+        assert ticks >= 10, "the event loop was blocked during the wait"
+        assert not waiter.done()
+        t = time.monotonic()
+        await asyncio.get_running_loop().run_in_executor(None, holder.release)
+        lease = await waiter
+        assert time.monotonic() - t < 1.0
+        assert lease.previous_released_cleanly
+        lease.release()
+        tick.cancel()
+
+    run(main())
+
+
+def test_cancelling_the_task_leaves_nothing_held(db: str, holder: Holder) -> None:
+    def fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    async def main() -> None:
+        before = fds()
+        task = asyncio.create_task(sidelease.acquire_async(db, timeout=None))
+        await asyncio.sleep(0.2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert fds() <= before + 1  # the pooled inotify instance may stay
+
+    run(main())
+    holder.release()
+    assert sidelease.inspect(db)["state"] == "free"
+
+
+def test_a_hundred_waits_need_no_threads(db: str, holder: Holder) -> None:
+    async def main() -> None:
+        threads_before = threading.active_count()
+        tasks = [asyncio.create_task(sidelease.acquire_async(db, timeout=STEP)) for _ in range(100)]
+        await asyncio.sleep(0.3)
+        assert threading.active_count() == threads_before
+        assert not any(t.done() for t in tasks)
+        await asyncio.get_running_loop().run_in_executor(None, holder.release)
+        leases = await asyncio.gather(*tasks)
+        assert len({lease.record["nonce"] for lease in leases}) == 1, "all share one lease"
+        for lease in leases:
+            lease.release()
+        assert sidelease.inspect(db)["state"] == "free"
+
+    run(main())
