@@ -31,3 +31,9 @@ if ! .venv/bin/python -c "import maturin, pytest, mypy, fastapi, uvicorn, typing
   .venv/bin/pip install --quiet --upgrade pip
   .venv/bin/pip install --quiet "maturin==1.16.0" "pytest>=8" "mypy>=1.18" fastapi uvicorn typing_extensions
 fi
+
+# Node and Bun: napi-rs CLI and the Bun binary come from the lockfile.
+if [ ! -x bindings-node/node_modules/.bin/napi ] || [ ! -x bindings-node/node_modules/@oven/bun-linux-x64/bin/bun ]; then
+  echo "setup: npm ci in bindings-node"
+  (cd bindings-node && npm ci --no-audit --no-fund --loglevel=error)
+fi

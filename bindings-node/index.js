@@ -1,0 +1,174 @@
+'use strict';
+// The public face of the `sidelease` package for Node and Bun. The native
+// addon does the work; this file checks argument types, turns native errors
+// into SideleaseError objects with data fields (the one place errors are
+// converted), and adds AbortSignal and Symbol.dispose support.
+
+const native = require(`./sidelease.${process.platform}-${process.arch}-gnu.node`);
+
+const RUNTIME = process.versions.bun ? `bun ${process.versions.bun}` : `node ${process.versions.node}`;
+const dispose = Symbol.dispose || Symbol.for('nodejs.dispose');
+
+class SideleaseError extends Error {
+  constructor(message, fields) {
+    super(message);
+    this.name = 'SideleaseError';
+    Object.assign(this, fields);
+  }
+}
+
+function fromNative(err) {
+  let payload;
+  try {
+    payload = JSON.parse(err.message);
+  } catch {
+    return err; // not ours (a napi argument error, say)
+  }
+  if (!payload || typeof payload.code !== 'string') return err;
+  const { message, ...fields } = payload;
+  const e = new SideleaseError(message, fields);
+  if (fields.code === 'ABORT_ERR') e.name = 'AbortError';
+  return e;
+}
+
+function call(fn, ...args) {
+  try {
+    return fn(...args);
+  } catch (err) {
+    throw fromNative(err);
+  }
+}
+
+function typeError(name, expected, value) {
+  const got = value === null ? 'null' : Array.isArray(value) ? 'an array' : typeof value;
+  const e = new TypeError(`The "${name}" argument must be ${expected}. Received ${got}`);
+  e.code = 'ERR_INVALID_ARG_TYPE';
+  return e;
+}
+
+function targetArg(target) {
+  if (target instanceof URL) {
+    if (target.protocol !== 'file:') throw typeError('target', 'a string or a file: URL', target);
+    return require('node:url').fileURLToPath(target);
+  }
+  if (typeof target !== 'string') throw typeError('target', 'a string or a file: URL', target);
+  return target;
+}
+
+function nativeOptions(options) {
+  if (options === undefined || options === null) return { runtime: RUNTIME };
+  if (typeof options !== 'object' || Array.isArray(options)) throw typeError('options', 'an object', options);
+  const out = { runtime: RUNTIME };
+  const { timeout, suffix, metadata, allowUnsupportedFs, splitGuard, signal } = options;
+  if (timeout !== undefined) {
+    if (typeof timeout !== 'number') throw typeError('options.timeout', 'a number', timeout);
+    out.timeout = timeout;
+  }
+  if (suffix !== undefined) {
+    if (typeof suffix !== 'string') throw typeError('options.suffix', 'a string', suffix);
+    out.suffix = suffix;
+  }
+  if (metadata !== undefined && metadata !== null) {
+    if (typeof metadata !== 'object' || Array.isArray(metadata)) {
+      throw typeError('options.metadata', 'a plain object', metadata);
+    }
+    let text;
+    try {
+      text = JSON.stringify(metadata);
+    } catch (err) {
+      throw new SideleaseError(`invalid argument \`metadata\`: is not JSON-serializable (${err.message})`, {
+        code: 'SIDELEASE_INVALID_ARGUMENT',
+        argument: 'metadata',
+      });
+    }
+    out.metadataJson = text;
+  }
+  if (allowUnsupportedFs !== undefined) {
+    if (typeof allowUnsupportedFs !== 'boolean') throw typeError('options.allowUnsupportedFs', 'a boolean', allowUnsupportedFs);
+    out.allowUnsupportedFs = allowUnsupportedFs;
+  }
+  if (splitGuard !== undefined) {
+    if (typeof splitGuard !== 'boolean') throw typeError('options.splitGuard', 'a boolean', splitGuard);
+    out.splitGuard = splitGuard;
+  }
+  if (signal !== undefined && !(signal instanceof AbortSignal)) throw typeError('options.signal', 'an AbortSignal', signal);
+  return out;
+}
+
+// The native Lease is the public one: JS adds the parsed records, error
+// conversion and disposal to its prototype.
+const Lease = native.Lease;
+for (const name of ['release', 'check']) {
+  const method = Lease.prototype[name];
+  Object.defineProperty(Lease.prototype, name, {
+    value: function (...args) {
+      return call(() => method.apply(this, args));
+    },
+    writable: true,
+    configurable: true,
+  });
+}
+Object.defineProperties(Lease.prototype, {
+  record: { get() { return JSON.parse(call(() => this.recordJson)); }, configurable: true },
+  previous: { get() { return JSON.parse(call(() => this.previousJson)); }, configurable: true },
+  [dispose]: { value() { this.release(); }, writable: true, configurable: true },
+  [Symbol.for('nodejs.util.inspect.custom')]: {
+    value() {
+      return `Lease { target: '${this.target}', generation: ${this.generation}, ${this.released ? 'released' : 'held'} }`;
+    },
+    configurable: true,
+  },
+});
+
+/** Acquire the lease of `target` (timeout in ms: 0 one attempt, Infinity forever). */
+function acquire(target, options) {
+  const t = targetArg(target);
+  const o = nativeOptions(options);
+  if (options && options.signal) throw typeError('options.signal', 'used with acquireAsync only', options.signal);
+  return call(native.acquire, t, o);
+}
+
+/** Acquire without blocking the event loop; `options.signal` cancels the wait. */
+async function acquireAsync(target, options) {
+  const t = targetArg(target);
+  const o = nativeOptions(options);
+  const signal = options && options.signal;
+  if (signal && signal.aborted) throw abortError(signal);
+  const cancel = new native.CancelHandle();
+  const onAbort = () => cancel.cancel();
+  if (signal) signal.addEventListener('abort', onAbort, { once: true });
+  try {
+    return await native.acquireAsync(t, o, cancel);
+  } catch (err) {
+    const e = fromNative(err);
+    if (e.code === 'ABORT_ERR' && signal) e.cause = signal.reason;
+    throw e;
+  } finally {
+    if (signal) signal.removeEventListener('abort', onAbort);
+  }
+}
+
+function abortError(signal) {
+  const e = new SideleaseError('the wait was aborted', { code: 'ABORT_ERR', cause: signal.reason });
+  e.name = 'AbortError';
+  return e;
+}
+
+const INSPECT_KEYS = { lease_path: 'leasePath', record_status: 'recordStatus' };
+
+/** Who holds the lease of `target`, from the kernel; never takes or disturbs it. */
+function inspect(target, options) {
+  const t = targetArg(target);
+  let suffix;
+  if (options !== undefined && options !== null) {
+    if (typeof options !== 'object') throw typeError('options', 'an object', options);
+    if (options.suffix !== undefined && typeof options.suffix !== 'string') throw typeError('options.suffix', 'a string', options.suffix);
+    suffix = options.suffix;
+  }
+  const raw = JSON.parse(call(native.inspectJson, t, suffix));
+  const out = {};
+  for (const [k, v] of Object.entries(raw)) out[INSPECT_KEYS[k] || k] = v;
+  return out;
+}
+
+module.exports = { acquire, acquireAsync, inspect, Lease, SideleaseError, version: require('./package.json').version };

@@ -1,0 +1,157 @@
+//! `acquire`, `inspect` and the `Lease` handle.
+
+use napi_derive::napi;
+use sidelease::{Options, Pending, Wait};
+
+use crate::error::{invalid, IntoJs, Result};
+
+/// Options as `index.js` passes them (timeout in milliseconds, metadata as
+/// JSON text).
+#[napi(object)]
+pub struct NativeOptions {
+    pub timeout: Option<f64>,
+    pub suffix: Option<String>,
+    pub metadata_json: Option<String>,
+    pub allow_unsupported_fs: Option<bool>,
+    pub split_guard: Option<bool>,
+    pub runtime: Option<String>,
+}
+
+pub fn options(o: Option<NativeOptions>) -> Result<Options> {
+    let mut opts = Options::new();
+    let Some(o) = o else {
+        return Ok(opts.runtime("node"));
+    };
+    if let Some(t) = o.timeout {
+        opts.wait = Wait::from_millis_f64(t).js()?;
+    }
+    if let Some(s) = o.suffix {
+        opts.suffix = s;
+    }
+    if let Some(m) = o.metadata_json {
+        opts.metadata = Some(sidelease::record::parse_metadata(&m).js()?);
+    }
+    opts.allow_unsupported_fs = o.allow_unsupported_fs.unwrap_or(false);
+    opts.split_guard = o.split_guard.unwrap_or(true);
+    opts.runtime = Some(o.runtime.unwrap_or_else(|| "node".into()));
+    opts.validate().js()?;
+    Ok(opts)
+}
+
+/// Acquire synchronously (a wait blocks only the calling thread).
+#[napi]
+pub fn acquire(target: String, options: Option<NativeOptions>) -> Result<Lease> {
+    let opts = self::options(options)?;
+    let lease = Pending::new(target.as_ref(), &opts).js()?.wait(None).js()?;
+    Ok(Lease::new(lease))
+}
+
+/// The inspection as JSON text (index.js renames the keys to camelCase).
+#[napi]
+pub fn inspect_json(target: String, suffix: Option<String>) -> Result<String> {
+    let mut opts = Options::new();
+    if let Some(s) = suffix {
+        opts = opts.suffix(s);
+    }
+    Ok(sidelease::inspect(&target, &opts).js()?.to_json())
+}
+
+/// A handle on a lease. Garbage collection never releases it: a lease lives
+/// until `release()`, dispose, or process exit.
+#[napi]
+pub struct Lease {
+    inner: Option<sidelease::Lease>,
+}
+
+impl Lease {
+    pub fn new(inner: sidelease::Lease) -> Lease {
+        Lease { inner: Some(inner) }
+    }
+
+    fn live(&self) -> Result<&sidelease::Lease> {
+        match &self.inner {
+            Some(l) if !l.is_released() => Ok(l),
+            _ => Err(invalid("lease", "this lease handle was released")),
+        }
+    }
+
+    fn any(&self) -> Result<&sidelease::Lease> {
+        self.inner
+            .as_ref()
+            .ok_or_else(|| invalid("lease", "this lease handle is empty"))
+    }
+}
+
+#[napi]
+impl Lease {
+    /// Release this handle's share; a second call does nothing.
+    #[napi]
+    pub fn release(&self) -> Result<()> {
+        self.any()?.release().js()
+    }
+
+    /// 'held', 'unlinked' or 'replaced'.
+    #[napi]
+    pub fn check(&self) -> Result<String> {
+        Ok(self.live()?.check().js()?.as_str().to_string())
+    }
+
+    #[napi(getter)]
+    pub fn released(&self) -> bool {
+        self.inner.as_ref().is_none_or(|l| l.is_released())
+    }
+
+    #[napi(getter)]
+    pub fn lease_path(&self) -> Result<String> {
+        Ok(self.any()?.lease_path().to_string_lossy().into_owned())
+    }
+
+    #[napi(getter)]
+    pub fn target(&self) -> Result<String> {
+        Ok(self.any()?.target().to_string_lossy().into_owned())
+    }
+
+    /// The record this acquisition wrote, as JSON text.
+    #[napi(getter)]
+    pub fn record_json(&self) -> Result<String> {
+        Ok(self.any()?.record().to_json())
+    }
+
+    /// The previous holder's record as JSON text ("null" if none).
+    #[napi(getter)]
+    pub fn previous_json(&self) -> Result<String> {
+        Ok(self
+            .any()?
+            .previous()
+            .map(|r| r.to_json())
+            .unwrap_or_else(|| "null".into()))
+    }
+
+    #[napi(getter)]
+    pub fn previous_released_cleanly(&self) -> Result<bool> {
+        Ok(self.any()?.previous_released_cleanly())
+    }
+
+    /// The fencing token (a JS number: exact up to 2^53).
+    #[napi(getter)]
+    pub fn generation(&self) -> Result<f64> {
+        Ok(self.any()?.generation() as f64)
+    }
+
+    #[napi(getter)]
+    pub fn record_written(&self) -> Result<bool> {
+        Ok(self.any()?.record_written())
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        // Collected by GC: keep the lease (see DESIGN §4); the core handle is
+        // deliberately leaked so its Drop does not release it.
+        if let Some(l) = self.inner.take() {
+            if !l.is_released() {
+                std::mem::forget(l);
+            }
+        }
+    }
+}

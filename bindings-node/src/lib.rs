@@ -1,0 +1,9 @@
+//! The native half of the `sidelease` npm package. `index.js` wraps it:
+//! options, AbortSignal, `Symbol.dispose` and the error class live there.
+
+mod error;
+mod lease;
+mod wait;
+
+pub use lease::*;
+pub use wait::*;

@@ -1,0 +1,114 @@
+//! `acquireAsync`: a wait on tokio (no libuv pool thread), woken by the
+//! inotify descriptor, and cancellable from JS.
+
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use napi_derive::napi;
+use sidelease::Pending;
+use tokio::io::unix::AsyncFd;
+use tokio::sync::Notify;
+
+use crate::error::to_js_async;
+use crate::lease::{options, Lease, NativeOptions};
+
+/// Cancels one `acquireAsync` (index.js wires it to an AbortSignal).
+#[napi]
+pub struct CancelHandle {
+    state: Arc<CancelState>,
+}
+
+#[derive(Default)]
+struct CancelState {
+    cancelled: AtomicBool,
+    notify: Notify,
+}
+
+#[napi]
+impl CancelHandle {
+    #[napi(constructor)]
+    #[allow(clippy::new_without_default)]
+    pub fn new() -> CancelHandle {
+        CancelHandle {
+            state: Arc::new(CancelState::default()),
+        }
+    }
+
+    #[napi]
+    pub fn cancel(&self) {
+        self.state.cancelled.store(true, Ordering::Release);
+        self.state.notify.notify_one();
+    }
+}
+
+/// The inotify descriptor, borrowed for tokio's reactor; `Pending` owns it
+/// and outlives this registration.
+struct WatchFd(RawFd);
+
+impl AsRawFd for WatchFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0
+    }
+}
+
+#[napi]
+pub async fn acquire_async(
+    target: String,
+    options: Option<NativeOptions>,
+    cancel: Option<&CancelHandle>,
+) -> napi::Result<Lease> {
+    let opts = self::options(options)
+        .map_err(|e| napi::Error::new(napi::Status::GenericFailure, e.reason))?;
+    let cancel = cancel.map(|c| c.state.clone());
+    let mut p = Pending::new(target.as_ref(), &opts).map_err(to_js_async)?;
+    let deadline = p.deadline();
+    let mut watch: Option<AsyncFd<WatchFd>> = None;
+    loop {
+        if let Some(lease) = p.try_acquire().map_err(to_js_async)? {
+            return Ok(Lease::new(lease));
+        }
+        let now = Instant::now();
+        let remaining = match deadline {
+            Some(d) if now >= d => return Err(to_js_async(p.contention_error(p.waits()))),
+            Some(d) => d - now,
+            None => Duration::MAX,
+        };
+        if watch.is_none() {
+            if let Some(fd) = p.wait_fd() {
+                // SAFETY: the descriptor belongs to `p`, which outlives
+                // `watch` (declared after it, dropped before it).
+                watch = unsafe { AsyncFd::register(WatchFd(fd.as_raw_fd())) }.ok();
+            }
+        }
+        let sleep =
+            tokio::time::sleep(p.next_check().min(remaining).min(Duration::from_secs(3600)));
+        let cancelled = async {
+            match &cancel {
+                Some(c) => loop {
+                    if c.cancelled.load(Ordering::Acquire) {
+                        break;
+                    }
+                    c.notify.notified().await;
+                },
+                None => std::future::pending::<()>().await,
+            }
+        };
+        let woke = tokio::select! {
+            r = async { watch.as_ref().unwrap().readable().await }, if watch.is_some() => {
+                if let Ok(mut guard) = r {
+                    guard.clear_ready();
+                }
+                true
+            }
+            _ = sleep => false,
+            _ = cancelled => {
+                return Err(to_js_async(sidelease::Error::Cancelled { lease_path: p.lease_path().to_path_buf() }));
+            }
+        };
+        if woke {
+            p.woke();
+        }
+    }
+}

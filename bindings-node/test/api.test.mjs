@@ -1,0 +1,178 @@
+// The synchronous API, errors and their fields, under Node and Bun.
+import { test, describe } from 'node:test';
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import path from 'node:path';
+import { pathToFileURL } from 'node:url';
+import { createRequire } from 'node:module';
+
+import * as sidelease from '../index.mjs';
+import { Holder, tmpdir, isBun } from './helpers.mjs';
+
+const require = createRequire(import.meta.url);
+
+describe('acquire', () => {
+  test('acquires, reports its fields and releases once', () => {
+    const db = path.join(tmpdir(), 'app.db');
+    const lease = sidelease.acquire(db, { metadata: { app: 't', port: 8000 } });
+    assert.equal(lease.leasePath, db + '.backend-lease');
+    assert.equal(lease.target, db);
+    assert.equal(lease.record.pid, process.pid);
+    assert.match(lease.record.runtime, isBun ? /^bun \d/ : /^node \d/);
+    assert.deepEqual(lease.record.metadata, { app: 't', port: 8000 });
+    assert.equal(lease.generation, 1);
+    assert.equal(lease.previous, null);
+    assert.equal(lease.previousReleasedCleanly, true);
+    assert.equal(lease.recordWritten, true);
+    assert.equal(lease.check(), 'held');
+    assert.equal(lease.released, false);
+    lease.release();
+    lease.release();
+    assert.equal(lease.released, true);
+    assert.throws(() => lease.check(), (e) => e.code === 'SIDELEASE_INVALID_ARGUMENT' && /released/.test(e.message));
+    const again = sidelease.acquire(pathToFileURL(db));
+    assert.equal(again.generation, 2);
+    assert.ok(again.previous.released_at);
+    again[Symbol.dispose]();
+    assert.equal(again.released, true);
+  });
+
+  test('handles of one process share one lease', () => {
+    const db = path.join(tmpdir(), 'app.db');
+    const a = sidelease.acquire(db);
+    const b = sidelease.acquire(db);
+    assert.equal(a.record.nonce, b.record.nonce);
+    a.release();
+    assert.equal(sidelease.inspect(db).state, 'held');
+    b.release();
+    assert.equal(sidelease.inspect(db).state, 'free');
+  });
+
+  test('check sees the file unlinked and replaced', () => {
+    const dir = tmpdir();
+    const db = path.join(dir, 'app.db');
+    const lease = sidelease.acquire(db);
+    fs.writeFileSync(path.join(dir, 'replacement'), '');
+    fs.renameSync(path.join(dir, 'replacement'), lease.leasePath);
+    assert.equal(lease.check(), 'replaced');
+    fs.unlinkSync(lease.leasePath);
+    assert.equal(lease.check(), 'unlinked');
+    lease.release();
+  });
+
+  test('garbage collection never releases a lease', async () => {
+    const db = path.join(tmpdir(), 'app.db');
+    (() => { sidelease.acquire(db); })();
+    for (let i = 0; i < 5; i++) {
+      if (isBun) Bun.gc(true);
+      else if (globalThis.gc) globalThis.gc();
+      await new Promise((r) => setTimeout(r, 10));
+    }
+    assert.equal(sidelease.inspect(db).state, 'held');
+    // Released only by this process's exit: share it, then let both go.
+    const again = sidelease.acquire(db);
+    assert.equal(sidelease.inspect(db).recordStatus, 'self');
+    again.release();
+  });
+
+  test('inspect answers in camelCase, never creating the file', () => {
+    const db = path.join(tmpdir(), 'app.db');
+    const i = sidelease.inspect(db);
+    assert.deepEqual(Object.keys(i).sort(), [
+      'holders', 'leasePath', 'orphans', 'record', 'recordStatus', 'state', 'target', 'unattributed',
+    ]);
+    assert.equal(i.state, 'free');
+    assert.equal(i.recordStatus, 'empty');
+    assert.equal(fs.existsSync(db + '.backend-lease'), false);
+    assert.equal(sidelease.inspect(db, { suffix: '.other' }).leasePath, db + '.other');
+  });
+
+  test('require and import give the same module', () => {
+    assert.equal(require('../index.js').acquire, sidelease.acquire);
+    assert.equal(sidelease.version, require('../package.json').version);
+  });
+});
+
+describe('errors', () => {
+  test('in use names the holder, its pid and runtime', async () => {
+    const db = path.join(tmpdir(), 'app.db');
+    const h = await Holder.start(db);
+    try {
+      assert.throws(() => sidelease.acquire(db), (e) => {
+        assert.ok(e instanceof sidelease.SideleaseError);
+        assert.equal(e.code, 'SIDELEASE_IN_USE');
+        assert.equal(e.holder.pid, h.pid);
+        assert.deepEqual(e.holder.metadata, { role: 'holder' });
+        assert.deepEqual(e.holders, [h.pid]);
+        assert.equal(e.leasePath, db + '.backend-lease');
+        assert.match(e.message, new RegExp(`is leased by pid ${h.pid} \\((node|bun) `));
+        return true;
+      });
+      const i = sidelease.inspect(db);
+      assert.equal(i.state, 'held');
+      assert.deepEqual(i.holders, [h.pid]);
+      assert.equal(i.recordStatus, 'live');
+      const t = Date.now();
+      assert.throws(() => sidelease.acquire(db, { timeout: 300 }), (e) => e.code === 'SIDELEASE_TIMEOUT' && e.holders[0] === h.pid);
+      assert.ok(Date.now() - t >= 290);
+    } finally {
+      h.close();
+    }
+  });
+
+  test('I/O errors carry errno, syscall and path', () => {
+    const dir = tmpdir();
+    assert.throws(() => sidelease.acquire(path.join(dir, 'missing', 'app.db')), (e) => {
+      assert.equal(e.code, 'SIDELEASE_IO');
+      assert.equal(e.errno, -2);
+      assert.equal(e.syscall, 'realpath');
+      assert.equal(e.path, path.join(dir, 'missing'));
+      return true;
+    });
+    fs.mkdirSync(path.join(dir, 'd.db.backend-lease'));
+    assert.throws(() => sidelease.acquire(path.join(dir, 'd.db')), (e) => e.code === 'SIDELEASE_IO' && e.errno === -21);
+  });
+
+  test('unsupported filesystems are refused, naming them', () => {
+    assert.throws(() => sidelease.acquire('/proc/sidelease-js-test.db'), (e) => {
+      assert.equal(e.code, 'SIDELEASE_UNSUPPORTED_FS');
+      assert.equal(e.fstype, 'proc');
+      assert.match(e.message, /allow_unsupported_fs/);
+      return true;
+    });
+  });
+
+  test('bad values are SIDELEASE_INVALID_ARGUMENT naming the argument', () => {
+    const db = path.join(tmpdir(), 'app.db');
+    const cases = [
+      ['', {}, 'target'],
+      [db, { suffix: '' }, 'suffix'],
+      [db, { suffix: 'a/b' }, 'suffix'],
+      [db, { timeout: -1 }, 'timeout'],
+      [db, { timeout: NaN }, 'timeout'],
+      [db, { metadata: { big: 'x'.repeat(20000) } }, 'metadata'],
+      [db, { metadata: { n: 10n } }, 'metadata'],
+    ];
+    for (const [target, options, argument] of cases) {
+      assert.throws(() => sidelease.acquire(target, options), (e) => {
+        assert.equal(e.code, 'SIDELEASE_INVALID_ARGUMENT', argument);
+        assert.equal(e.argument, argument);
+        return true;
+      });
+    }
+  });
+
+  test('wrong types are TypeErrors', () => {
+    const db = path.join(tmpdir(), 'app.db');
+    const cases = [
+      [123, undefined], [null, undefined], [db, 'x'], [db, { timeout: '1' }],
+      [db, { suffix: 5 }], [db, { metadata: [1] }], [db, { splitGuard: 'yes' }],
+      [db, { allowUnsupportedFs: 1 }],
+    ];
+    for (const [target, options] of cases) {
+      assert.throws(() => sidelease.acquire(target, options), TypeError);
+    }
+    assert.throws(() => sidelease.inspect(db, { suffix: 1 }), TypeError);
+    return assert.rejects(sidelease.acquireAsync(db, { signal: 'no' }), TypeError);
+  });
+});

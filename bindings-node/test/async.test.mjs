@@ -1,0 +1,100 @@
+// acquireAsync: the event loop stays free, AbortSignal cancels, waits wake.
+import { test, describe } from 'node:test';
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import path from 'node:path';
+
+import * as sidelease from '../index.mjs';
+import { Holder, tmpdir, withTimeout, STEP } from './helpers.mjs';
+
+describe('acquireAsync', () => {
+  test('acquires a free lease', async () => {
+    const db = path.join(tmpdir(), 'app.db');
+    const lease = await sidelease.acquireAsync(db, { metadata: { a: 1 } });
+    assert.deepEqual(lease.record.metadata, { a: 1 });
+    lease.release();
+  });
+
+  test('in use, timeout, and a wait that wakes on release', async () => {
+    const db = path.join(tmpdir(), 'app.db');
+    const h = await Holder.start(db);
+    try {
+      await assert.rejects(sidelease.acquireAsync(db), (e) => e.code === 'SIDELEASE_IN_USE' && e.holders[0] === h.pid);
+      await assert.rejects(sidelease.acquireAsync(db, { timeout: 200 }), (e) => e.code === 'SIDELEASE_TIMEOUT');
+      const waiting = sidelease.acquireAsync(db, { timeout: STEP });
+      await new Promise((r) => setTimeout(r, 100));
+      const t = Date.now();
+      await h.release();
+      const lease = await withTimeout(waiting, STEP, 'wake on release');
+      assert.ok(Date.now() - t < 1000);
+      assert.equal(lease.previousReleasedCleanly, true);
+      lease.release();
+    } finally {
+      h.close();
+    }
+  });
+
+  test('a wait wakes when the holder is SIGKILLed', async () => {
+    const db = path.join(tmpdir(), 'app.db');
+    const h = await Holder.start(db);
+    try {
+      const waiting = sidelease.acquireAsync(db, { timeout: Infinity });
+      await new Promise((r) => setTimeout(r, 100));
+      await h.kill();
+      const lease = await withTimeout(waiting, STEP, 'wake on kill');
+      assert.equal(lease.previousReleasedCleanly, false);
+      assert.equal(lease.previous.pid, h.pid);
+      lease.release();
+    } finally {
+      h.close();
+    }
+  });
+
+  test('AbortSignal cancels the wait and nothing stays held', async () => {
+    const db = path.join(tmpdir(), 'app.db');
+    const h = await Holder.start(db);
+    try {
+      const ac = new AbortController();
+      const waiting = sidelease.acquireAsync(db, { timeout: Infinity, signal: ac.signal });
+      await new Promise((r) => setTimeout(r, 100));
+      const t = Date.now();
+      ac.abort(new Error('shutting down'));
+      await assert.rejects(waiting, (e) => {
+        assert.equal(e.name, 'AbortError');
+        assert.equal(e.code, 'ABORT_ERR');
+        assert.equal(e.cause.message, 'shutting down');
+        return true;
+      });
+      assert.ok(Date.now() - t < 1000);
+      await assert.rejects(sidelease.acquireAsync(db, { signal: AbortSignal.abort() }), (e) => e.name === 'AbortError');
+      await h.release();
+      assert.equal(sidelease.inspect(db).state, 'free');
+    } finally {
+      h.close();
+    }
+  });
+
+  test('eight pending waits leave the event loop and fs free', async () => {
+    const dir = tmpdir();
+    const db = path.join(dir, 'app.db');
+    const h = await Holder.start(db);
+    try {
+      const waits = Array.from({ length: 8 }, () => sidelease.acquireAsync(db, { timeout: STEP }));
+      await new Promise((r) => setTimeout(r, 50));
+      const file = path.join(dir, 'data.txt');
+      fs.writeFileSync(file, 'x'.repeat(1000));
+      for (let i = 0; i < 5; i++) {
+        const t = performance.now();
+        assert.equal((await fs.promises.readFile(file, 'utf8')).length, 1000);
+        assert.ok(performance.now() - t < 200, `readFile took ${performance.now() - t} ms`);
+      }
+      await h.release();
+      const leases = await withTimeout(Promise.all(waits), STEP, 'eight waits');
+      assert.equal(new Set(leases.map((l) => l.record.nonce)).size, 1, 'all share one lease');
+      for (const l of leases) l.release();
+      assert.equal(sidelease.inspect(db).state, 'free');
+    } finally {
+      h.close();
+    }
+  });
+});

@@ -1,0 +1,76 @@
+// Shared helpers: temporary directories, and a holder in another real
+// process of the same runtime, driven by handshakes with bounded waits.
+import { spawn } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+export const STEP = 10_000;
+export const here = path.dirname(fileURLToPath(import.meta.url));
+export const isBun = Boolean(process.versions.bun);
+
+export function tmpdir() {
+  return fs.mkdtempSync(path.join(os.tmpdir(), 'sidelease-js-'));
+}
+
+export function withTimeout(promise, ms, what) {
+  let timer;
+  return Promise.race([
+    promise,
+    new Promise((_, reject) => {
+      timer = setTimeout(() => reject(new Error(`timed out after ${ms} ms: ${what}`)), ms);
+    }),
+  ]).finally(() => clearTimeout(timer));
+}
+
+export class Holder {
+  static async start(target) {
+    const h = new Holder();
+    h.proc = spawn(process.execPath, [path.join(here, 'fixtures', 'holder.cjs'), target], {
+      stdio: ['pipe', 'pipe', 'inherit'],
+    });
+    h.lines = [];
+    h.waiters = [];
+    let buf = '';
+    h.proc.stdout.setEncoding('utf8');
+    h.proc.stdout.on('data', (chunk) => {
+      buf += chunk;
+      let i;
+      while ((i = buf.indexOf('\n')) >= 0) {
+        const msg = JSON.parse(buf.slice(0, i));
+        buf = buf.slice(i + 1);
+        const w = h.waiters.shift();
+        if (w) w(msg);
+        else h.lines.push(msg);
+      }
+    });
+    const ready = await h.next('ready');
+    h.pid = ready.pid;
+    h.record = ready.record;
+    return h;
+  }
+
+  next(what) {
+    const p = this.lines.length ? Promise.resolve(this.lines.shift()) : new Promise((r) => this.waiters.push(r));
+    return withTimeout(p, STEP, `holder ${what}`);
+  }
+
+  async release() {
+    this.proc.stdin.write('release\n');
+    const msg = await this.next('released');
+    if (msg.event !== 'released') throw new Error(`unexpected ${JSON.stringify(msg)}`);
+  }
+
+  async kill(signal = 'SIGKILL') {
+    const exited = new Promise((r) => this.proc.once('exit', r));
+    process.kill(this.proc.pid, signal);
+    await withTimeout(exited, STEP, 'holder exit');
+  }
+
+  close() {
+    if (this.proc.exitCode === null && this.proc.signalCode === null) this.proc.kill('SIGKILL');
+    this.proc.stdin.destroy();
+    this.proc.stdout.destroy();
+  }
+}
