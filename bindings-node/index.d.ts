@@ -39,6 +39,9 @@ export interface HolderRecord {
   runtime: string;
   library: string;
   metadata?: Record<string, unknown>;
+  device?: number;
+  inode?: number;
+  split_checked?: boolean;
   released_at?: string;
 }
 

@@ -201,17 +201,20 @@ fn sigterm_is_forwarded_and_the_lease_released_after_the_command() {
 
 #[test]
 fn bad_arguments_are_named() {
+    let d = tempfile::tempdir().unwrap();
+    let x = d.path().join("x.db");
+    let x = x.to_str().unwrap();
     let out = sidelease(&["hold", "", "--", "true"]);
     assert_eq!(out.status.code(), Some(2), "a usage error");
     assert!(String::from_utf8_lossy(&out.stderr).contains("<TARGET>"));
-    let out = sidelease(&["hold", "/tmp/x.db", "--suffix", "a/b", "--", "true"]);
+    let out = sidelease(&["hold", x, "--suffix", "a/b", "--", "true"]);
     assert_eq!(out.status.code(), Some(71));
     assert!(String::from_utf8_lossy(&out.stderr).contains("`suffix`"));
-    let out = sidelease(&["hold", "/tmp/x.db", "--metadata", "[1]", "--", "true"]);
+    let out = sidelease(&["hold", x, "--metadata", "[1]", "--", "true"]);
     assert_eq!(out.status.code(), Some(71));
     assert!(String::from_utf8_lossy(&out.stderr).contains("`metadata`"));
-    let out = sidelease(&["hold", "/tmp/x.db", "--timeout=-1", "--", "true"]);
+    let out = sidelease(&["hold", x, "--timeout=-1", "--", "true"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("`timeout`"));
-    let out = sidelease(&["hold", "/tmp/x.db", "--", "/nonexistent/cmd"]);
+    let out = sidelease(&["hold", x, "--", "/nonexistent/cmd"]);
     assert_eq!(out.status.code(), Some(127));
 }

@@ -71,6 +71,23 @@ pub(crate) fn kernel_holders(dev: u64, ino: u64, locks: &[FlockLock]) -> Vec<u32
     holders
 }
 
+/// The holders of (dev, ino) for an in-use answer. When the record names a
+/// process whose descriptors show it owns the lock, that is the kernel's
+/// answer without reading `/proc/locks` (whose read can cost an RCU grace
+/// period); otherwise, as `kernel_holders`.
+pub(crate) fn holders_of(dev: u64, ino: u64, record_pid: Option<u32>) -> Vec<u32> {
+    if let Some(pid) = record_pid {
+        if matches!(process::holds_lock(pid, dev, ino), FdScan::Found(_)) {
+            return vec![pid];
+        }
+    }
+    let (major, minor) = (rustix::fs::major(dev), rustix::fs::minor(dev));
+    match crate::platform::locks::flock_locks_on(major, minor) {
+        Ok(locks) => kernel_holders(dev, ino, &locks),
+        Err(_) => Vec::new(),
+    }
+}
+
 /// Live processes holding an exclusive flock on a deleted inode that was
 /// `lease_path`. `current` is the inode the path names now (if any);
 /// `first_only` stops at the first orphan found (the acquire guard).

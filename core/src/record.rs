@@ -51,6 +51,15 @@ pub struct Record {
     pub library: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Map<String, Value>>,
+    /// Device and inode of the lease file this holder locked, and whether
+    /// its acquisition was split-checked (see the split guard): together
+    /// they let the next holder of the same inode skip `/proc/locks`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inode: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split_checked: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub released_at: Option<String>,
 }

@@ -105,6 +105,7 @@ fn run(cmd: &Value, handles: &mut HashMap<u64, Lease>, next: &mut u64, execs: u6
                 child => json!({"ok": true, "child": child}),
             }
         }
+        "stress" => stress(cmd),
         "crash" => {
             unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
             json!({"ok": false})
@@ -114,6 +115,45 @@ fn run(cmd: &Value, handles: &mut HashMap<u64, Lease>, next: &mut u64, execs: u6
             json!({"ok": false, "error": {"kind": "protocol", "message": format!("unknown command {other:?}")}})
         }
     }
+}
+
+/// The mutual-exclusion loop of tests/PROTOCOL.md.
+fn stress(cmd: &Value) -> Value {
+    let (owner, counter) = (
+        cmd["owner"].as_str().unwrap_or(""),
+        cmd["counter"].as_str().unwrap_or(""),
+    );
+    let me = std::process::id().to_string();
+    let timeout = cmd["timeout"].as_f64().unwrap_or(5.0);
+    let opts = match Wait::from_secs_f64(timeout) {
+        Ok(w) => Options::new().wait(w),
+        Err(e) => return error_json(&e),
+    };
+    let (mut done, mut overlaps, mut timeouts) = (0u64, 0u64, 0u64);
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    for _ in 0..cmd["iterations"].as_u64().unwrap_or(0) {
+        let lease = match Lease::acquire(target(cmd), &opts) {
+            Ok(l) => l,
+            Err(Error::Timeout(_)) => {
+                timeouts += 1;
+                continue;
+            }
+            Err(e) => return error_json(&e),
+        };
+        if read(owner).trim() != "-" {
+            overlaps += 1;
+        }
+        let _ = std::fs::write(owner, &me);
+        let n: u64 = read(counter).trim().parse().unwrap_or(0);
+        let _ = std::fs::write(counter, (n + 1).to_string());
+        if read(owner).trim() != me {
+            overlaps += 1;
+        }
+        let _ = std::fs::write(owner, "-");
+        drop(lease);
+        done += 1;
+    }
+    json!({"ok": true, "done": done, "overlaps": overlaps, "timeouts": timeouts})
 }
 
 fn target(cmd: &Value) -> &str {

@@ -170,11 +170,18 @@ fn replacement_arm(mode: &str) {
             std::fs::write(&tmp, b"{}").unwrap();
             std::fs::rename(&tmp, &lp).unwrap();
         }
+        "copy" => {
+            // A faithful copy of the live record (as a deploy tool might
+            // make) must not vouch for the new inode.
+            let tmp = d.path("copy");
+            std::fs::copy(&lp, &tmp).unwrap();
+            std::fs::rename(&tmp, &lp).unwrap();
+        }
         _ => {}
     }
     let check = a.call(json!({"cmd": "check", "handle": h["handle"]}));
     let expect = match mode {
-        "unlink" | "replace" => "replaced",
+        "unlink" | "replace" | "copy" => "replaced",
         _ => "held",
     };
     assert_eq!(check["check"], expect, "{check}");
@@ -201,7 +208,11 @@ fn replacement_arm(mode: &str) {
     let got = b.acquire_ok(&db);
     assert_eq!(
         got["generation"],
-        if mode == "stable" { 2 } else { 1 },
+        if matches!(mode, "stable" | "copy") {
+            2
+        } else {
+            1
+        },
         "{got}"
     );
     c.acquire_err(acquire(&db), "in_use");
@@ -220,6 +231,11 @@ fn unlinked_live_lease_file_is_not_a_second_domain() {
 #[test]
 fn renamed_over_live_lease_file_is_not_a_second_domain() {
     replacement_arm("replace");
+}
+
+#[test]
+fn copied_over_live_lease_file_is_not_a_second_domain() {
+    replacement_arm("copy");
 }
 
 #[test]

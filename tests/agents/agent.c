@@ -1,0 +1,309 @@
+/* The C agent (see tests/PROTOCOL.md), against libsidelease.so. Commands
+ * are flat JSON objects; the few fields needed are picked out by key. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "sidelease.h"
+
+#define MAX_HANDLES 1024
+static sidelease_lease *handles[MAX_HANDLES];
+static int nhandles;
+static int execs;
+static char **saved_argv;
+
+/* Find `"key":` and return a pointer just past it (spaces skipped). */
+static const char *field(const char *json, const char *key) {
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *p = strstr(json, pat);
+    if (!p) return NULL;
+    p += strlen(pat);
+    while (*p == ' ') p++;
+    return p;
+}
+
+static int str_field(const char *json, const char *key, char *out, size_t len) {
+    const char *p = field(json, key);
+    if (!p || *p != '"') return 0;
+    size_t n = 0;
+    for (p++; *p && *p != '"' && n + 1 < len; p++) {
+        if (*p == '\\' && p[1]) {
+            p++;
+            if (*p == 'u' && strncmp(p, "u0000", 5) == 0) { out[n++] = '\0'; p += 4; continue; }
+        }
+        out[n++] = *p;
+    }
+    out[n] = 0;
+    return 1;
+}
+
+/* 1 and the number; 2 for null; 0 when absent. */
+static int num_field(const char *json, const char *key, double *out) {
+    const char *p = field(json, key);
+    if (!p) return 0;
+    if (strncmp(p, "null", 4) == 0) return 2;
+    *out = strtod(p, NULL);
+    return 1;
+}
+
+static int bool_field(const char *json, const char *key, int *out) {
+    const char *p = field(json, key);
+    if (!p) return 0;
+    *out = strncmp(p, "true", 4) == 0;
+    return 1;
+}
+
+/* Copy a balanced JSON object value. */
+static int object_field(const char *json, const char *key, char *out, size_t len) {
+    const char *p = field(json, key);
+    if (!p || *p != '{') return 0;
+    int depth = 0, in_str = 0;
+    size_t n = 0;
+    for (; *p && n + 1 < len; p++) {
+        out[n++] = *p;
+        if (in_str) {
+            if (*p == '\\' && p[1]) out[n++] = *++p;
+            else if (*p == '"') in_str = 0;
+        } else if (*p == '"') in_str = 1;
+        else if (*p == '{') depth++;
+        else if (*p == '}' && --depth == 0) break;
+    }
+    out[n] = 0;
+    return 1;
+}
+
+static void put_string(const char *s) {
+    putchar('"');
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\') putchar('\\');
+        if ((unsigned char)*s < 0x20) printf("\\u%04x", *s);
+        else putchar(*s);
+    }
+    putchar('"');
+}
+
+static void done(void) {
+    putchar('\n');
+    fflush(stdout);
+}
+
+static const char *kind(sidelease_status st) {
+    switch (st) {
+    case SIDELEASE_ERR_IN_USE: return "in_use";
+    case SIDELEASE_ERR_TIMEOUT: return "timeout";
+    case SIDELEASE_ERR_UNSUPPORTED_FS: return "unsupported_fs";
+    case SIDELEASE_ERR_INVALID_ARGUMENT: return "invalid_argument";
+    case SIDELEASE_ERR_IO: return "io";
+    case SIDELEASE_ERR_CANCELLED: return "cancelled";
+    case SIDELEASE_ERR_NULL_ARGUMENT: return "null_argument";
+    default: return "other";
+    }
+}
+
+static void error(sidelease_status st) {
+    static char msg[4096], holder[65536];
+    sidelease_last_error(msg, sizeof msg, NULL);
+    printf("{\"ok\":false,\"error\":{\"kind\":\"%s\",\"message\":", kind(st));
+    put_string(msg);
+    if (st == SIDELEASE_ERR_IN_USE || st == SIDELEASE_ERR_TIMEOUT) {
+        uint32_t pids[64];
+        size_t count = 0;
+        sidelease_last_holder_json(holder, sizeof holder, NULL);
+        sidelease_last_holder_pids(pids, 64, &count);
+        printf(",\"holder\":%s,\"holders\":[", holder[0] ? holder : "null");
+        for (size_t i = 0; i < count && i < 64; i++) printf("%s%u", i ? "," : "", pids[i]);
+        putchar(']');
+    }
+    if (st == SIDELEASE_ERR_IO) printf(",\"errno\":%d", sidelease_last_errno());
+    printf("}}");
+    done();
+}
+
+static sidelease_options *options(const char *cmd) {
+    sidelease_options *o = NULL;
+    double t;
+    int b;
+    static char buf[32768];
+    sidelease_options_new(&o);
+    switch (num_field(cmd, "timeout", &t)) {
+    case 1: sidelease_options_set_timeout_ms(o, (int64_t)(t * 1000)); break;
+    case 2: sidelease_options_set_timeout_ms(o, -1); break;
+    default: break;
+    }
+    if (str_field(cmd, "suffix", buf, sizeof buf)) sidelease_options_set_suffix(o, buf);
+    if (object_field(cmd, "metadata", buf, sizeof buf)) sidelease_options_set_metadata_json(o, buf);
+    if (bool_field(cmd, "split_guard", &b)) sidelease_options_set_split_guard(o, b);
+    return o;
+}
+
+static void acquire(const char *cmd) {
+    static char target[4096];
+    str_field(cmd, "target", target, sizeof target);
+    sidelease_options *o = options(cmd);
+    sidelease_lease *l = NULL;
+    sidelease_status st = sidelease_acquire(target, o, NULL, &l);
+    sidelease_options_free(o);
+    if (st != SIDELEASE_OK) return error(st);
+    if (nhandles == MAX_HANDLES) {
+        sidelease_lease_free(l);
+        printf("{\"ok\":false,\"error\":{\"kind\":\"protocol\",\"message\":\"too many handles\"}}");
+        return done();
+    }
+    handles[nhandles++] = l;
+    char *path = NULL, *record = NULL, *previous = NULL;
+    bool clean = false, written = false;
+    uint64_t gen = 0;
+    sidelease_lease_path(l, &path);
+    sidelease_lease_record_json(l, &record);
+    sidelease_lease_previous_json(l, &previous);
+    sidelease_lease_previous_released_cleanly(l, &clean);
+    sidelease_lease_record_written(l, &written);
+    sidelease_lease_generation(l, &gen);
+    printf("{\"ok\":true,\"handle\":%d,\"lease_path\":", nhandles);
+    put_string(path);
+    printf(",\"generation\":%llu,\"record\":%s,\"previous\":%s,\"previous_released_cleanly\":%s,\"record_written\":%s}",
+           (unsigned long long)gen, record, previous, clean ? "true" : "false", written ? "true" : "false");
+    sidelease_string_free(path);
+    sidelease_string_free(record);
+    sidelease_string_free(previous);
+    done();
+}
+
+static sidelease_lease *handle(const char *cmd) {
+    double h = 0;
+    num_field(cmd, "handle", &h);
+    return h >= 1 && h <= nhandles ? handles[(int)h - 1] : NULL;
+}
+
+static int read_file(const char *path, char *buf, size_t len) {
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    size_t n = fread(buf, 1, len - 1, f);
+    buf[n] = 0;
+    fclose(f);
+    return (int)n;
+}
+
+static void write_file(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    if (f) {
+        fputs(text, f);
+        fclose(f);
+    }
+}
+
+static void stress(const char *cmd) {
+    static char target[4096], counter[4096], owner[4096];
+    char buf[64], me[32];
+    double iterations = 0, timeout = 5;
+    str_field(cmd, "target", target, sizeof target);
+    str_field(cmd, "counter", counter, sizeof counter);
+    str_field(cmd, "owner", owner, sizeof owner);
+    num_field(cmd, "iterations", &iterations);
+    num_field(cmd, "timeout", &timeout);
+    snprintf(me, sizeof me, "%d", (int)getpid());
+    sidelease_options *o = NULL;
+    sidelease_options_new(&o);
+    sidelease_options_set_timeout_ms(o, (int64_t)(timeout * 1000));
+    long done_n = 0, overlaps = 0, timeouts = 0;
+    for (long i = 0; i < (long)iterations; i++) {
+        sidelease_lease *l = NULL;
+        sidelease_status st = sidelease_acquire(target, o, NULL, &l);
+        if (st == SIDELEASE_ERR_TIMEOUT) { timeouts++; continue; }
+        if (st != SIDELEASE_OK) { sidelease_options_free(o); return error(st); }
+        read_file(owner, buf, sizeof buf);
+        if (strncmp(buf, "-", 1) != 0) overlaps++;
+        write_file(owner, me);
+        read_file(counter, buf, sizeof buf);
+        snprintf(buf, sizeof buf, "%ld", atol(buf) + 1);
+        write_file(counter, buf);
+        read_file(owner, buf, sizeof buf);
+        if (strcmp(buf, me) != 0) overlaps++;
+        write_file(owner, "-");
+        sidelease_lease_free(l);
+        done_n++;
+    }
+    sidelease_options_free(o);
+    printf("{\"ok\":true,\"done\":%ld,\"overlaps\":%ld,\"timeouts\":%ld}", done_n, overlaps, timeouts);
+    done();
+}
+
+int main(int argc, char **argv) {
+    (void)argc;
+    saved_argv = argv;
+    const char *e = getenv("SIDELEASE_AGENT_EXECS");
+    execs = e ? atoi(e) : 0;
+    printf("{\"event\":\"ready\",\"pid\":%d,\"runtime\":\"c\",\"execs\":%d}", (int)getpid(), execs);
+    done();
+    static char line[1 << 16];
+    while (fgets(line, sizeof line, stdin)) {
+        char name[64] = "";
+        str_field(line, "cmd", name, sizeof name);
+        if (!strcmp(name, "ping")) {
+            printf("{\"ok\":true,\"pid\":%d}", (int)getpid());
+            done();
+        } else if (!strcmp(name, "acquire")) {
+            acquire(line);
+        } else if (!strcmp(name, "release") || !strcmp(name, "check")) {
+            sidelease_lease *l = handle(line);
+            if (!l) {
+                printf("{\"ok\":false,\"error\":{\"kind\":\"protocol\",\"message\":\"no such handle\"}}");
+                done();
+                continue;
+            }
+            if (!strcmp(name, "release")) {
+                sidelease_status st = sidelease_lease_release(l);
+                if (st != SIDELEASE_OK) { error(st); continue; }
+                printf("{\"ok\":true}");
+            } else {
+                sidelease_check c;
+                sidelease_status st = sidelease_lease_check(l, &c);
+                if (st != SIDELEASE_OK) { error(st); continue; }
+                printf("{\"ok\":true,\"check\":\"%s\"}",
+                       c == SIDELEASE_CHECK_HELD ? "held" : c == SIDELEASE_CHECK_UNLINKED ? "unlinked" : "replaced");
+            }
+            done();
+        } else if (!strcmp(name, "inspect")) {
+            static char target[4096], suffix[256];
+            char *out = NULL;
+            str_field(line, "target", target, sizeof target);
+            int has_suffix = str_field(line, "suffix", suffix, sizeof suffix);
+            sidelease_status st = sidelease_inspect_json(target, has_suffix ? suffix : NULL, &out);
+            if (st != SIDELEASE_OK) { error(st); continue; }
+            printf("{\"ok\":true,\"inspect\":%s}", out);
+            sidelease_string_free(out);
+            done();
+        } else if (!strcmp(name, "exec_self")) {
+            char n[16];
+            snprintf(n, sizeof n, "%d", execs + 1);
+            setenv("SIDELEASE_AGENT_EXECS", n, 1);
+            execv("/proc/self/exe", saved_argv);
+            printf("{\"ok\":false,\"error\":{\"kind\":\"io\",\"message\":\"execv failed\"}}");
+            done();
+        } else if (!strcmp(name, "fork_child")) {
+            pid_t pid = fork();
+            if (pid == 0)
+                for (;;) pause();
+            printf("{\"ok\":true,\"child\":%d}", (int)pid);
+            done();
+        } else if (!strcmp(name, "crash")) {
+            kill(getpid(), SIGKILL);
+        } else if (!strcmp(name, "exit")) {
+            double code = 0;
+            num_field(line, "code", &code);
+            fflush(stdout);
+            _exit((int)code);
+        } else if (!strcmp(name, "stress")) {
+            stress(line);
+        } else {
+            printf("{\"ok\":false,\"error\":{\"kind\":\"protocol\",\"message\":\"unknown command\"}}");
+            done();
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,129 @@
+"""The Python agent (see tests/PROTOCOL.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from typing import Any, Dict
+
+import sidelease
+
+KINDS = [
+    (sidelease.LeaseTimeout, "timeout"),
+    (sidelease.LeaseInUse, "in_use"),
+    (sidelease.UnsupportedFilesystem, "unsupported_fs"),
+    (sidelease.InvalidArgument, "invalid_argument"),
+    (OSError, "io"),
+]
+
+
+def error(e: BaseException) -> Dict[str, Any]:
+    kind = next((k for cls, k in KINDS if isinstance(e, cls)), "other")
+    err: Dict[str, Any] = {"kind": kind, "message": str(e)}
+    if isinstance(e, sidelease.LeaseInUse):
+        err["holder"] = e.holder
+        err["holders"] = e.holders
+    if isinstance(e, OSError) and e.errno:
+        err["errno"] = e.errno
+    return {"ok": False, "error": err}
+
+
+def options(cmd: Dict[str, Any]) -> Dict[str, Any]:
+    o: Dict[str, Any] = {"timeout": cmd["timeout"] if "timeout" in cmd else 0}
+    for k in ("suffix", "metadata", "split_guard"):
+        if k in cmd:
+            o[k] = cmd[k]
+    return o
+
+
+def stress(cmd: Dict[str, Any]) -> Dict[str, Any]:
+    me = str(os.getpid())
+    done = overlaps = timeouts = 0
+    for _ in range(cmd["iterations"]):
+        try:
+            lease = sidelease.acquire(cmd["target"], timeout=cmd["timeout"])
+        except sidelease.LeaseTimeout:
+            timeouts += 1
+            continue
+        with open(cmd["owner"], "r+") as f:
+            if f.read().strip() != "-":
+                overlaps += 1
+            f.seek(0)
+            f.write(me)
+            f.truncate()
+        with open(cmd["counter"], "r+") as f:
+            n = int(f.read() or 0)
+            f.seek(0)
+            f.write(str(n + 1))
+            f.truncate()
+        with open(cmd["owner"], "r+") as f:
+            if f.read().strip() != me:
+                overlaps += 1
+            f.seek(0)
+            f.write("-")
+            f.truncate()
+        lease.release()
+        done += 1
+    return {"ok": True, "done": done, "overlaps": overlaps, "timeouts": timeouts}
+
+
+def main() -> None:
+    handles: Dict[int, sidelease.Lease] = {}
+    say({"event": "ready", "pid": os.getpid(), "runtime": "python", "execs": int(os.environ.get("SIDELEASE_AGENT_EXECS", "0"))})
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        cmd = json.loads(line)
+        name = cmd.get("cmd")
+        try:
+            if name == "ping":
+                say({"ok": True, "pid": os.getpid()})
+            elif name == "acquire":
+                lease = sidelease.acquire(cmd.get("target", ""), **options(cmd))
+                h = len(handles) + 1
+                handles[h] = lease
+                say({
+                    "ok": True, "handle": h, "lease_path": lease.lease_path, "target": lease.target,
+                    "generation": lease.generation, "record": lease.record, "previous": lease.previous,
+                    "previous_released_cleanly": lease.previous_released_cleanly,
+                    "record_written": lease.record_written,
+                })
+            elif name == "release":
+                handles[cmd["handle"]].release()
+                say({"ok": True})
+            elif name == "check":
+                say({"ok": True, "check": handles[cmd["handle"]].check()})
+            elif name == "inspect":
+                say({"ok": True, "inspect": sidelease.inspect(cmd["target"], **({"suffix": cmd["suffix"]} if "suffix" in cmd else {}))})
+            elif name == "exec_self":
+                sys.stdout.flush()
+                env = dict(os.environ, SIDELEASE_AGENT_EXECS=str(int(os.environ.get("SIDELEASE_AGENT_EXECS", "0")) + 1))
+                os.execve(sys.executable, [sys.executable] + sys.argv, env)
+            elif name == "fork_child":
+                pid = os.fork()
+                if pid == 0:
+                    while True:
+                        signal.pause()
+                say({"ok": True, "child": pid})
+            elif name == "crash":
+                os.kill(os.getpid(), signal.SIGKILL)
+            elif name == "exit":
+                sys.stdout.flush()
+                os._exit(cmd.get("code", 0))
+            elif name == "stress":
+                say(stress(cmd))
+            else:
+                say({"ok": False, "error": {"kind": "protocol", "message": f"unknown command {name!r}"}})
+        except Exception as e:  # noqa: BLE001 - every failure is an answer
+            say(error(e))
+
+
+def say(v: Dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(v) + "\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

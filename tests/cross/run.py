@@ -1,0 +1,220 @@
+"""The cross-language suite: every scenario in tests/scenarios/ for every
+ordered pair (holder runtime x contender runtime), then the stress, crash
+injection and tampering runs. Ends with "N passed, N failed".
+
+    python tests/cross/run.py [--only SCENARIO] [--pairs rust:c,...] [--soak]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from agents import CAPABILITIES, RECORD_RUNTIME, ROOT, RUNTIMES, Agent, HandshakeError, kill_pid  # noqa: E402
+import faults  # noqa: E402
+
+SCENARIOS = ROOT / "tests" / "scenarios"
+
+
+class Context:
+    """One scenario run: its directory, its agents, saved values."""
+
+    def __init__(self, holder: str, contender: str) -> None:
+        self.dir = tempfile.mkdtemp(prefix="sidelease-cross-")
+        self.runtimes = {"holder": holder, "contender": contender, "third": contender}
+        self.agents: Dict[str, Agent] = {}
+        self.pids: Dict[str, int] = {}
+        self.saved: Dict[str, Any] = {}
+        self.children: List[int] = []
+        self.db = os.path.join(self.dir, "app.db")
+
+    def agent(self, role: str) -> Agent:
+        if role not in self.agents:
+            a = Agent(self.runtimes[role], role)
+            self.agents[role] = a
+            self.pids[role] = a.pid
+        return self.agents[role]
+
+    def subst(self, v: Any) -> Any:
+        if isinstance(v, str):
+            v = v.replace("$lease", self.db + ".backend-lease").replace("$db", self.db).replace("$dir", self.dir)
+            if v.startswith("$pid:"):
+                return self.agent(v[5:]).pid
+            return v
+        if isinstance(v, list):
+            return [self.subst(x) for x in v]
+        if isinstance(v, dict):
+            return {k: self.subst(x) for k, x in v.items()}
+        return v
+
+    def close(self) -> None:
+        for a in self.agents.values():
+            a.close()
+        for pid in self.children:
+            kill_pid(pid)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def transcripts(self) -> str:
+        return "\n".join(a.dump() for a in self.agents.values())
+
+
+def match(ctx: Context, expected: Any, got: Any, where: str = "") -> List[str]:
+    """Subset match; "$pid:ROLE", "$runtime:ROLE", "$saved:KEY", "$any",
+    "$contains:TEXT" (with $pid: inside) are patterns."""
+    if isinstance(expected, dict):
+        if not isinstance(got, dict):
+            return [f"{where}: expected an object, got {got!r}"]
+        out: List[str] = []
+        for k, v in expected.items():
+            out += match(ctx, v, got.get(k), f"{where}.{k}")
+        return out
+    if isinstance(expected, list):
+        if not isinstance(got, list) or len(got) != len(expected):
+            return [f"{where}: expected {expected!r}, got {got!r}"]
+        return [m for e, g in zip(expected, got) for m in match(ctx, e, g, f"{where}[]")]
+    if isinstance(expected, str) and expected.startswith("$"):
+        if expected == "$any":
+            return [] if got is not None else [f"{where}: expected a value, got null"]
+        if expected.startswith("$pid:"):
+            want: Any = ctx.pids[expected[5:]]
+            return [] if got == want else [f"{where}: expected pid {want} ({expected}), got {got!r}"]
+        if expected.startswith("$runtime:"):
+            prefix = RECORD_RUNTIME[ctx.runtimes[expected[9:]]]
+            ok = isinstance(got, str) and (got == prefix or (prefix.endswith(" ") and got.startswith(prefix)))
+            return [] if ok else [f"{where}: expected runtime {prefix!r}, got {got!r}"]
+        if expected.startswith("$saved:"):
+            want = ctx.saved[expected[7:]]
+            return [] if got == want else [f"{where}: expected saved {want!r}, got {got!r}"]
+        if expected.startswith("$contains:"):
+            text = expected[10:]
+            for role, pid in ctx.pids.items():
+                text = text.replace(f"$pid:{role}", str(pid))
+            return [] if isinstance(got, str) and text in got else [f"{where}: {got!r} lacks {text!r}"]
+    return [] if got == expected else [f"{where}: expected {expected!r}, got {got!r}"]
+
+
+def dig(v: Any, path: str) -> Any:
+    for part in path.split("."):
+        v = v.get(part) if isinstance(v, dict) else None
+    return v
+
+
+def run_step(ctx: Context, step: Dict[str, Any]) -> None:
+    who = step.get("who")
+    kind = step["do"]
+    if kind == "call":
+        a = ctx.agent(who)
+        got = a.call(ctx.subst(step["cmd"]), step.get("within", 10.0))
+    elif kind == "send":
+        ctx.agent(who).send(ctx.subst(step["cmd"]))
+        return
+    elif kind == "recv":
+        t = time.monotonic()
+        got = ctx.agent(who).recv(step.get("within", 10.0))
+        if "within" in step:
+            assert time.monotonic() - t <= step["within"], "answer came too late"
+    elif kind == "ready":  # after exec_self: the new image's ready line
+        got = ctx.agent(who).recv()
+    elif kind == "wait_blocked":  # the agent has the lease file open: it waits
+        a = ctx.agent(who)
+        deadline = time.monotonic() + 10
+        while not a.has_open(ctx.db + ".backend-lease"):
+            if time.monotonic() > deadline:
+                raise HandshakeError(f"{who} never opened the lease file")
+            time.sleep(0.002)
+        return
+    elif kind == "signal":
+        ctx.agent(who).signal(getattr(signal, "SIG" + step["sig"]))
+        return
+    elif kind == "file":
+        faults.file_op(step["op"], ctx.subst(step.get("path", "$lease")), ctx.subst(step.get("to", "")))
+        return
+    else:
+        raise ValueError(f"unknown step {kind!r}")
+    if "child" in got:
+        ctx.children.append(got["child"])
+    problems = match(ctx, ctx.subst(step.get("expect", {})), got, who or "")
+    if problems:
+        raise AssertionError("; ".join(problems))
+    for key, path in step.get("save", {}).items():
+        ctx.saved[key] = dig(got, path)
+
+
+def run_scenario(sc: Dict[str, Any], holder: str, contender: str) -> Tuple[str, str]:
+    missing = set(sc.get("holder_needs", [])) - CAPABILITIES[holder]
+    if missing:
+        return "n/a", f"{holder} cannot {', '.join(sorted(missing))}"
+    ctx = Context(holder, contender)
+    try:
+        for i, step in enumerate(sc["steps"]):
+            try:
+                run_step(ctx, step)
+            except (AssertionError, HandshakeError) as e:
+                return "fail", f"step {i} {json.dumps(step)}: {e}\n{ctx.transcripts()}"
+        return "pass", ""
+    except Exception:
+        return "fail", traceback.format_exc() + ctx.transcripts()
+    finally:
+        ctx.close()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", help="run only this scenario")
+    ap.add_argument("--pairs", help="holder:contender,... (default: all 25)")
+    ap.add_argument("--soak", action="store_true", help="longer stress, crash and tamper runs")
+    ap.add_argument("--no-faults", action="store_true", help="scenarios only")
+    args = ap.parse_args()
+
+    scenarios = [json.loads(p.read_text()) for p in sorted(SCENARIOS.glob("*.json"))]
+    if args.only:
+        scenarios = [s for s in scenarios if s["name"] == args.only]
+    pairs = [tuple(p.split(":")) for p in args.pairs.split(",")] if args.pairs else [
+        (h, c) for h in RUNTIMES for c in RUNTIMES
+    ]
+    passed = failed = na = 0
+    start = time.monotonic()
+    for sc in scenarios:
+        results = []
+        for holder, contender in pairs:
+            status, detail = run_scenario(sc, holder, contender)
+            results.append(status)
+            if status == "pass":
+                passed += 1
+            elif status == "n/a":
+                na += 1
+            else:
+                failed += 1
+                print(f"FAIL {sc['name']} holder={holder} contender={contender}\n{detail}\n", flush=True)
+        print(f"{sc['name']:<32} pass {results.count('pass'):>2}  fail {results.count('fail'):>2}  "
+              f"n/a {results.count('n/a'):>2}", flush=True)
+    print(f"scenarios x pairs: {passed} passed, {failed} failed, {na} not applicable "
+          f"(Node and Bun cannot exec or fork themselves) in {time.monotonic() - start:.1f}s", flush=True)
+
+    if not args.no_faults and not args.only:
+        for name, check in faults.CHECKS:
+            t = time.monotonic()
+            try:
+                summary = check(args.soak)
+                passed += 1
+                print(f"{name}: ok ({summary}) in {time.monotonic() - t:.1f}s", flush=True)
+            except (AssertionError, HandshakeError) as e:
+                failed += 1
+                print(f"FAIL {name}: {e}", flush=True)
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
