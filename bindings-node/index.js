@@ -8,6 +8,7 @@ const native = require(`./sidelease.${process.platform}-${process.arch}-gnu.node
 
 const RUNTIME = process.versions.bun ? `bun ${process.versions.bun}` : `node ${process.versions.node}`;
 const dispose = Symbol.dispose || Symbol.for('nodejs.dispose');
+native.setRuntime(RUNTIME);
 
 class SideleaseError extends Error {
   constructor(message, fields) {
@@ -56,9 +57,9 @@ function targetArg(target) {
 }
 
 function nativeOptions(options) {
-  if (options === undefined || options === null) return { runtime: RUNTIME };
+  if (options === undefined || options === null) return undefined; // the defaults, set natively
   if (typeof options !== 'object' || Array.isArray(options)) throw typeError('options', 'an object', options);
-  const out = { runtime: RUNTIME };
+  const out = {};
   const { timeout, suffix, metadata, allowUnsupportedFs, splitGuard, signal } = options;
   if (timeout !== undefined) {
     if (typeof timeout !== 'number') throw typeError('options.timeout', 'a number', timeout);
@@ -98,16 +99,32 @@ function nativeOptions(options) {
 // The native Lease is the public one: JS adds the parsed records, error
 // conversion and disposal to its prototype.
 const Lease = native.Lease;
-for (const name of ['release', 'check']) {
-  const method = Lease.prototype[name];
-  Object.defineProperty(Lease.prototype, name, {
-    value: function (...args) {
-      return call(() => method.apply(this, args));
+const nativeRelease = Lease.prototype.release;
+const nativeCheck = Lease.prototype.check;
+Object.defineProperties(Lease.prototype, {
+  release: {
+    value: function release() {
+      try {
+        return nativeRelease.call(this);
+      } catch (err) {
+        throw fromNative(err);
+      }
     },
     writable: true,
     configurable: true,
-  });
-}
+  },
+  check: {
+    value: function check() {
+      try {
+        return nativeCheck.call(this);
+      } catch (err) {
+        throw fromNative(err);
+      }
+    },
+    writable: true,
+    configurable: true,
+  },
+});
 Object.defineProperties(Lease.prototype, {
   record: { get() { return JSON.parse(call(() => this.recordJson)); }, configurable: true },
   previous: { get() { return JSON.parse(call(() => this.previousJson)); }, configurable: true },
@@ -125,7 +142,11 @@ function acquire(target, options) {
   const t = targetArg(target);
   const o = nativeOptions(options);
   if (options && options.signal) throw typeError('options.signal', 'used with acquireAsync only', options.signal);
-  return call(native.acquire, t, o);
+  try {
+    return native.acquire(t, o);
+  } catch (err) {
+    throw fromNative(err);
+  }
 }
 
 /** Acquire without blocking the event loop; `options.signal` cancels the wait. */

@@ -49,3 +49,9 @@ export interface NativeOptions {
   splitGuard?: boolean
   runtime?: string
 }
+
+/**
+ * Name the runtime once ("node 20.20.2", "bun 1.4.5"), so calls without
+ * options pass nothing from JS at all.
+ */
+export declare function setRuntime(runtime: string): void

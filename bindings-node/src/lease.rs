@@ -17,10 +17,24 @@ pub struct NativeOptions {
     pub runtime: Option<String>,
 }
 
+static RUNTIME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Name the runtime once ("node 20.20.2", "bun 1.4.5"), so calls without
+/// options pass nothing from JS at all.
+#[napi]
+pub fn set_runtime(runtime: String) {
+    let _ = RUNTIME.set(runtime);
+}
+
+fn runtime() -> String {
+    RUNTIME.get().cloned().unwrap_or_else(|| "node".into())
+}
+
 pub fn options(o: Option<NativeOptions>) -> Result<Options> {
     let mut opts = Options::new();
     let Some(o) = o else {
-        return Ok(opts.runtime("node"));
+        opts.runtime = Some(runtime());
+        return Ok(opts);
     };
     if let Some(t) = o.timeout {
         opts.wait = Wait::from_millis_f64(t).js()?;
@@ -33,7 +47,7 @@ pub fn options(o: Option<NativeOptions>) -> Result<Options> {
     }
     opts.allow_unsupported_fs = o.allow_unsupported_fs.unwrap_or(false);
     opts.split_guard = o.split_guard.unwrap_or(true);
-    opts.runtime = Some(o.runtime.unwrap_or_else(|| "node".into()));
+    opts.runtime = Some(o.runtime.unwrap_or_else(runtime));
     opts.validate().js()?;
     Ok(opts)
 }

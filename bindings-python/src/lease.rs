@@ -50,8 +50,7 @@ pub fn options(
         let text = json::metadata_text(py, m)?;
         o.metadata = Some(sidelease::record::parse_metadata(&text).py(py)?);
     }
-    o.validate().py(py)?;
-    Ok(o)
+    Ok(o) // validated by Pending::new
 }
 
 /// Acquire the lease of `target`. `timeout` in seconds: 0 is one attempt,

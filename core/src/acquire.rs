@@ -36,6 +36,10 @@ const HOT_RETRIES: [Duration; 4] = [
     Duration::from_millis(1),
     Duration::from_millis(4),
 ];
+/// Retries (each after a `sched_yield`) right after a wake-up, before the
+/// timed retries: the holder's close sends the event just before the kernel
+/// drops its lock.
+const WAKE_SPINS: u32 = 64;
 /// Re-check even without an event, for holders that unlock without closing
 /// and for orphans whose deleted inode cannot be watched.
 const SAFETY_RECHECK: Duration = Duration::from_millis(100);
@@ -121,6 +125,7 @@ impl Pending {
     pub fn try_acquire(&mut self) -> Result<Option<Lease>> {
         let mut rounds = 0;
         let mut registry_rechecked = false;
+        let mut spins = 0;
         loop {
             if self.open.is_none() {
                 if let Some(lease) = self.share_by_path()? {
@@ -156,6 +161,13 @@ impl Pending {
                     self.orphan = None;
                     if self.arm_watch(key) {
                         continue; // armed now: retry once, so no release is missed
+                    }
+                    if self.hot == 0 && spins < WAKE_SPINS {
+                        // Just woken by a close: the unlock follows within
+                        // microseconds, sooner than any timer could fire.
+                        spins += 1;
+                        rustix::thread::sched_yield();
+                        continue;
                     }
                     return Ok(None);
                 }

@@ -1,18 +1,23 @@
-//! Rust-side measurements for bench/: the core's uncontended cycle and the
-//! shared re-acquire, printed as one JSON line of nanosecond samples'
-//! median and p99 per item.
+//! Rust-side measurements for bench/ (driven by bench/bench.py):
+//!
+//!   sidelease-bench cycle|shared|refused|inspect TARGET ITERS   JSON stats (ns)
+//!   sidelease-bench scale DIR COUNT                             first/last thousand, RSS
+//!   sidelease-bench waiter TARGET                               handoff waiter (stdin protocol)
 
-use std::time::Instant;
+use std::io::{BufRead, Write};
+use std::path::Path;
+use std::time::{Duration, Instant};
 
-use sidelease::{Lease, Options};
+use serde_json::{json, Value};
+use sidelease::{inspect, Lease, Options, Wait};
 
-fn stats(mut ns: Vec<u64>) -> serde_json::Value {
+fn stats(mut ns: Vec<u64>) -> Value {
     ns.sort_unstable();
     let at = |q: f64| ns[((ns.len() as f64 - 1.0) * q) as usize];
-    serde_json::json!({"n": ns.len(), "median_ns": at(0.5), "p99_ns": at(0.99)})
+    json!({"n": ns.len(), "median_ns": at(0.5), "p99_ns": at(0.99)})
 }
 
-fn measure(iters: usize, mut f: impl FnMut()) -> serde_json::Value {
+fn measure(iters: usize, mut f: impl FnMut()) -> Value {
     for _ in 0..iters / 10 + 1 {
         f();
     }
@@ -25,29 +30,123 @@ fn measure(iters: usize, mut f: impl FnMut()) -> serde_json::Value {
     stats(ns)
 }
 
+/// CLOCK_MONOTONIC in ns, the clock every waiter of every language reports.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    pages * 4096
+}
+
 fn main() {
-    let mut args = std::env::args().skip(1);
-    let dir = std::path::PathBuf::from(args.next().expect("usage: sidelease-bench DIR [ITERS]"));
-    let iters: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(20_000);
-    let db = dir.join("bench.db");
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (mode, target) = (args[0].as_str(), Path::new(&args[1]));
+    let n: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(10_000);
     let opts = Options::new();
-    let cycle = measure(iters, || {
-        let l = Lease::acquire(&db, &opts).expect("acquire");
-        l.release().expect("release");
-    });
-    let no_guard = Options::new().split_guard(false);
-    let cycle_no_guard = measure(iters, || {
-        let l = Lease::acquire(&db, &no_guard).expect("acquire");
-        l.release().expect("release");
-    });
-    let held = Lease::acquire(&db, &opts).expect("acquire");
-    let shared = measure(iters, || {
-        let l = Lease::acquire(&db, &opts).expect("share");
-        l.release().expect("release");
-    });
+    let out = match mode {
+        "cycle" => measure(n, || {
+            Lease::acquire(target, &opts)
+                .expect("acquire")
+                .release()
+                .expect("release");
+        }),
+        "cycle-no-guard" => {
+            let o = Options::new().split_guard(false);
+            measure(n, || {
+                Lease::acquire(target, &o)
+                    .expect("acquire")
+                    .release()
+                    .expect("release");
+            })
+        }
+        "shared" => {
+            let held = Lease::acquire(target, &opts).expect("acquire");
+            let v = measure(n, || {
+                Lease::acquire(target, &opts)
+                    .expect("share")
+                    .release()
+                    .expect("release");
+            });
+            drop(held);
+            v
+        }
+        "refused" => measure(n, || {
+            assert!(
+                Lease::acquire(target, &opts).is_err(),
+                "the lease should be held elsewhere"
+            );
+        }),
+        "inspect" => measure(n, || {
+            inspect(target, &opts).expect("inspect");
+        }),
+        "scale" => scale(target, n),
+        "waiter" => return waiter(target),
+        m => panic!("unknown mode {m}"),
+    };
+    println!("{out}");
+}
+
+/// Hold `count` distinct leases at once: cost of the first and the last
+/// thousand acquisitions, and memory per held lease. Run twice by the bench:
+/// on new lease files (the split guard reads /proc/locks for each) and on
+/// files acquired before (their records vouch; no /proc/locks read).
+fn scale(dir: &Path, count: usize) -> Value {
+    let guard = std::env::var("SCALE_SPLIT_GUARD")
+        .map(|v| v != "0")
+        .unwrap_or(true);
+    let opts = Options::new().split_guard(guard);
+    let before = rss_bytes();
+    let mut held = Vec::with_capacity(count);
+    let mut ns = Vec::with_capacity(count);
+    for i in 0..count {
+        let p = dir.join(format!("db-{i}"));
+        let t = Instant::now();
+        held.push(Lease::acquire(&p, &opts).expect("acquire"));
+        ns.push(t.elapsed().as_nanos() as u64);
+    }
+    let after = rss_bytes();
+    let k = 1000.min(count);
+    let first = stats(ns[..k].to_vec());
+    let last = stats(ns[count - k..].to_vec());
     drop(held);
-    println!(
-        "{}",
-        serde_json::json!({"rust_cycle": cycle, "rust_cycle_no_split_guard": cycle_no_guard, "rust_shared_reacquire": shared})
-    );
+    json!({"count": count, "split_guard": guard, "first_thousand": first, "last_thousand": last,
+           "rss_per_lease_bytes": (after.saturating_sub(before)) as f64 / count as f64})
+}
+
+/// The handoff waiter: on "wait", block in acquire and print the
+/// CLOCK_MONOTONIC time it returned; on "release", release and print "ok".
+fn waiter(target: &Path) {
+    let opts = Options::new().wait(Wait::Timeout(Duration::from_secs(30)));
+    let stdin = std::io::stdin();
+    let mut out = std::io::stdout();
+    let mut lease = None;
+    for line in stdin.lock().lines() {
+        match line.unwrap_or_default().trim() {
+            "wait" => {
+                let l = Lease::acquire(target, &opts).expect("acquire");
+                let t = monotonic_ns();
+                lease = Some(l);
+                let _ = writeln!(out, "{t}");
+            }
+            "release" => {
+                drop(lease.take());
+                let _ = writeln!(out, "ok");
+            }
+            _ => break,
+        }
+        let _ = out.flush();
+    }
 }

@@ -1,0 +1,497 @@
+"""Runs every sidelease measurement beside its floor and its anchors in one
+run, and writes bench/REPORT.md with plots (bench/plots/). Ratios measured
+in the same run are what count; absolute times are context.
+
+    .venv/bin/python bench/bench.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench"
+OUT = BENCH / "out"
+PY = str(ROOT / ".venv/bin/python")
+BUN = str(ROOT / "bindings-node/node_modules/@oven/bun-linux-x64/bin/bun")
+RUST = str(ROOT / "target/release/sidelease-bench")
+AGENT = str(ROOT / "target/release/sidelease-agent")
+CAPI = str(OUT / "capi")
+FLOOR = str(OUT / "floor")
+
+LANG_CMD = {
+    "rust": [RUST],
+    "c-abi": [CAPI],
+    "python": [PY, str(BENCH / "py/measure.py")],
+    "node": ["node", str(BENCH / "js/measure.cjs")],
+    "bun": [BUN, str(BENCH / "js/measure.cjs")],
+}
+
+
+def run_json(cmd: List[str], timeout: float = 600) -> Any:
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=timeout).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def us(ns: float) -> float:
+    return ns / 1000.0
+
+
+class Holder:
+    """A Rust agent holding `target` in another process."""
+
+    def __init__(self, target: str) -> None:
+        self.p = subprocess.Popen([AGENT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.p.stdout and self.p.stdin
+        self.p.stdout.readline()
+        self.p.stdin.write(json.dumps({"cmd": "acquire", "target": target}) + "\n")
+        self.p.stdin.flush()
+        assert json.loads(self.p.stdout.readline())["ok"]
+
+    def kill(self) -> None:
+        os.kill(self.p.pid, signal.SIGKILL)
+        self.p.wait()
+
+    def close(self) -> None:
+        if self.p.poll() is None:
+            self.kill()
+        for f in (self.p.stdin, self.p.stdout):
+            if f:
+                f.close()
+
+
+# ---------------------------------------------------------------- cycles
+
+def cycles(d: str, iters: int) -> Dict[str, Any]:
+    r: Dict[str, Any] = {}
+    floor = run_json([FLOOR, d, str(iters)])
+    r["C floor (same syscalls, /proc/locks read)"] = floor["c_floor_cycle"]
+    r["C floor without the /proc/locks read"] = floor["c_floor_cycle_no_split_guard"]
+    r["C bare open+flock+close"] = floor["c_bare_flock"]
+    for lang in LANG_CMD:
+        r[f"sidelease {lang}"] = run_json(LANG_CMD[lang] + ["cycle", f"{d}/cycle-{lang}.db", str(iters)])
+    r["sidelease rust, split guard off"] = run_json([RUST, "cycle-no-guard", f"{d}/noguard.db", str(iters)])
+    anchors = run_json([PY, str(BENCH / "py/measure.py"), "anchors", f"{d}/anchor", str(min(iters, 5000))])
+    r["python bare fcntl.flock"] = anchors["python_bare_flock"]
+    r["python filelock"] = anchors["python_filelock"]
+    r["python portalocker"] = anchors["python_portalocker"]
+    r["python fasteners"] = anchors["python_fasteners"]
+    for rt, cmd in (("node", ["node"]), ("bun", [BUN])):
+        a = run_json(cmd + [str(BENCH / "js/measure.cjs"), "anchors", f"{d}/anchor-{rt}", str(min(iters, 2000))])
+        r[f"{rt} proper-lockfile lockSync/unlockSync"] = a["proper_lockfile_sync"]
+        r[f"{rt} proper-lockfile lock/unlock (async)"] = a["proper_lockfile_async"]
+    return r
+
+
+def shared_and_refused(d: str, iters: int) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    shared = {lang: run_json(cmd + ["shared", f"{d}/shared-{lang}.db", str(iters)]) for lang, cmd in LANG_CMD.items()}
+    target = f"{d}/refused.db"
+    h = Holder(target)
+    try:
+        refused = {lang: run_json(cmd + ["refused", target, str(max(iters // 4, 500))]) for lang, cmd in LANG_CMD.items()}
+    finally:
+        h.close()
+    return shared, refused
+
+
+# ---------------------------------------------------------------- handoff
+
+class Waiter:
+    def __init__(self, cmd: List[str]) -> None:
+        self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+
+    def send(self, s: str) -> None:
+        assert self.p.stdin
+        self.p.stdin.write(s + "\n")
+        self.p.stdin.flush()
+
+    def recv(self) -> str:
+        assert self.p.stdout
+        return self.p.stdout.readline().strip()
+
+    def cpu_ns(self) -> int:
+        with open(f"/proc/{self.p.pid}/schedstat") as f:
+            return int(f.read().split()[0])
+
+    def close(self) -> None:
+        try:
+            self.send("quit")
+            self.p.wait(5)
+        except Exception:
+            self.p.kill()
+            self.p.wait()
+
+
+def hold_release(kind: str, path: str) -> Tuple[Callable[[], None], Callable[[], None]]:
+    """How the driver holds and releases what each waiter waits for."""
+    import sidelease
+
+    state: Dict[str, Any] = {}
+    if kind == "sidelease":
+        def hold() -> None:
+            state["l"] = sidelease.acquire(path, timeout=30)
+
+        def release() -> None:
+            state["l"].release()
+    elif kind == "flock":
+        def hold() -> None:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            state["fd"] = fd
+
+        def release() -> None:
+            os.close(state["fd"])
+    else:  # proper-lockfile's lock directory
+        def hold() -> None:
+            while True:
+                try:
+                    os.mkdir(path + ".lock")
+                    return
+                except FileExistsError:
+                    time.sleep(0.001)
+
+        def release() -> None:
+            os.rmdir(path + ".lock")
+    return hold, release
+
+
+def handoff(d: str, name: str, cmd: List[str], kind: str, path: str, n: int, cpu_wait: float = 0.0) -> Dict[str, Any]:
+    if kind == "mkdir":
+        open(path, "a").close()
+    hold, release = hold_release(kind, path)
+    w = Waiter(cmd)
+    lat: List[int] = []
+    cpu = None
+    try:
+        for i in range(n + 2):
+            hold()
+            w.send("wait")
+            if i == 2 and cpu_wait:
+                time.sleep(0.05)
+                c0, t0w = w.cpu_ns(), time.monotonic_ns()
+                time.sleep(cpu_wait)
+                cpu = (w.cpu_ns() - c0) / (time.monotonic_ns() - t0w)
+            else:
+                time.sleep(0.005)  # let the waiter reach its wait
+            t0 = time.monotonic_ns()
+            release()
+            t1 = int(w.recv())
+            if i >= 2:  # warm-up
+                lat.append(t1 - t0)
+            w.send("release")
+            assert w.recv() == "ok"
+    finally:
+        w.close()
+    lat.sort()
+    out: Dict[str, Any] = {"n": len(lat), "median_ns": lat[len(lat) // 2], "p99_ns": lat[int((len(lat) - 1) * 0.99)],
+                           "samples_ns": lat}
+    if cpu is not None:
+        out["cpu_fraction_during_wait"] = cpu
+    return out
+
+
+def takeover(d: str, n: int) -> Dict[str, Any]:
+    """Holder SIGKILLed -> a blocked sidelease waiter (Rust) holds."""
+    target = f"{d}/takeover.db"
+    w = Waiter([RUST, "waiter", target])
+    lat = []
+    try:
+        for _ in range(n):
+            h = Holder(target)
+            w.send("wait")
+            time.sleep(0.005)
+            t0 = time.monotonic_ns()
+            os.kill(h.p.pid, signal.SIGKILL)
+            t1 = int(w.recv())
+            lat.append(t1 - t0)
+            h.close()
+            w.send("release")
+            assert w.recv() == "ok"
+    finally:
+        w.close()
+    lat.sort()
+    return {"n": n, "median_ns": lat[n // 2], "p99_ns": lat[int((n - 1) * 0.99)], "samples_ns": lat}
+
+
+def handoffs(d: str, n: int, cpu_wait: float) -> Dict[str, Any]:
+    js = str(BENCH / "js/measure.cjs")
+    py = str(BENCH / "py/measure.py")
+    cases = [
+        ("raw blocking flock (C)", [CAPI, "raw-waiter", f"{d}/raw.lock"], "flock", f"{d}/raw.lock", n),
+        ("sidelease rust", [RUST, "waiter", f"{d}/h-rust.db"], "sidelease", f"{d}/h-rust.db", n),
+        ("sidelease c-abi", [CAPI, "waiter", f"{d}/h-c.db"], "sidelease", f"{d}/h-c.db", n),
+        ("sidelease python", [PY, py, "waiter", "sidelease", f"{d}/h-py.db"], "sidelease", f"{d}/h-py.db", n),
+        ("sidelease node", ["node", js, "waiter", "sidelease", f"{d}/h-node.db"], "sidelease", f"{d}/h-node.db", n),
+        ("sidelease node acquireAsync", ["node", js, "waiter", "sidelease-async", f"{d}/h-nodea.db"], "sidelease", f"{d}/h-nodea.db", n),
+        ("sidelease bun", [BUN, js, "waiter", "sidelease", f"{d}/h-bun.db"], "sidelease", f"{d}/h-bun.db", n),
+        ("python filelock (default poll)", [PY, py, "waiter", "filelock", f"{d}/h.filelock"], "flock", f"{d}/h.filelock", max(n // 5, 10)),
+        ("node proper-lockfile (retry defaults)", ["node", js, "waiter", "proper-lockfile", f"{d}/h-proper"], "mkdir", f"{d}/h-proper", max(n // 40, 5)),
+    ]
+    out = {}
+    for name, cmd, kind, path, count in cases:
+        cw = cpu_wait if name.startswith("sidelease") or name.startswith("raw") else 0.0
+        out[name] = handoff(d, name, cmd, kind, path, count, cw)
+    return out
+
+
+# ---------------------------------------------------------------- inspect, scale
+
+def inspect_with_locks(d: str, iters: int) -> Dict[str, Any]:
+    out = {}
+    target = f"{d}/inspect.db"
+    h = Holder(target)
+    try:
+        for k in (1, 200, 2000):
+            ld = tempfile.mkdtemp(prefix="sidelease-unrelated-", dir=d)
+            code = ("import fcntl,os,sys\nfds=[]\nfor i in range(int(sys.argv[2])):\n"
+                    " fd=os.open(os.path.join(sys.argv[1],str(i)),os.O_RDWR|os.O_CREAT,0o644)\n"
+                    " fcntl.flock(fd,fcntl.LOCK_EX); fds.append(fd)\nprint('ready',flush=True)\nsys.stdin.read()")
+            p = subprocess.Popen([sys.executable, "-c", code, ld, str(k)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            try:
+                assert p.stdout and p.stdout.readline().strip() == "ready"
+                out[f"{k} unrelated locks"] = run_json([RUST, "inspect", target, str(iters)])
+            finally:
+                p.kill()
+                p.wait()
+    finally:
+        h.close()
+    return out
+
+
+def scale(d: str, count: int) -> Dict[str, Any]:
+    sd = f"{d}/scale"
+    os.mkdir(sd)
+
+    def run(guard: bool) -> Any:
+        env = {**os.environ, "SCALE_SPLIT_GUARD": "1" if guard else "0"}
+        out = subprocess.run([RUST, "scale", sd, str(count)], env=env, check=True, capture_output=True, text=True)
+        return json.loads(out.stdout)
+
+    return {
+        "new lease files (split guard reads /proc/locks each time)": run(True),
+        "lease files acquired before (records vouch: no /proc/locks)": run(True),
+        "split guard off": run(False),
+    }
+
+
+# ---------------------------------------------------------------- report
+
+def verdict(ok: bool) -> str:
+    return "**met**" if ok else "**missed**"
+
+
+def targets(r: Dict[str, Any]) -> List[Tuple[str, str, str]]:
+    c = r["cycle"]
+    med = {k: v["median_ns"] for k, v in c.items()}
+    core = med["sidelease rust"]
+    rows = []
+    floor = med["C floor (same syscalls, /proc/locks read)"]
+    rows.append(("Rust core cycle ≤ 1.5× the C floor", f"{core / floor:.2f}× ({us(core):.1f} vs {us(floor):.1f} µs)", verdict(core <= 1.5 * floor)))
+    floor2 = med["C floor without the /proc/locks read"]
+    rows.append(("(context) Rust core vs the C floor without /proc/locks", f"{core / floor2:.2f}× ({us(floor2):.1f} µs)", "—"))
+    sh = r["shared"]["rust"]["median_ns"]
+    rows.append(("shared re-acquire ≤ 1 µs", f"{us(sh):.2f} µs", verdict(sh <= 1000)))
+    for lang in ("python", "node", "bun"):
+        m = med[f"sidelease {lang}"]
+        rows.append((f"{lang} cycle ≤ core + 2 µs", f"+{us(m - core):.1f} µs ({us(m):.1f} µs)", verdict(m <= core + 2000)))
+    py = med["sidelease python"]
+    fl, pl = med["python filelock"], med["python portalocker"]
+    rows.append(("python ≥ 10× faster than filelock", f"{fl / py:.1f}×", verdict(fl >= 10 * py)))
+    rows.append(("python ≥ 2× faster than portalocker", f"{pl / py:.1f}×", verdict(pl >= 2 * py)))
+    nd, pls = med["sidelease node"], med["node proper-lockfile lockSync/unlockSync"]
+    rows.append(("node ≥ 20× faster than proper-lockfile lockSync", f"{pls / nd:.1f}×", verdict(pls >= 20 * nd)))
+    h = r["handoff"]
+    raw = h["raw blocking flock (C)"]["median_ns"]
+    for name, v in h.items():
+        if not name.startswith("sidelease"):
+            continue
+        rows.append((f"handoff median ≤ 3× raw flock: {name}", f"{v['median_ns'] / raw:.1f}× ({us(v['median_ns']):.1f} vs {us(raw):.1f} µs)", verdict(v["median_ns"] <= 3 * raw)))
+        rows.append((f"handoff p99 ≤ 1 ms: {name}", f"{us(v['p99_ns']):.0f} µs", verdict(v["p99_ns"] <= 1_000_000)))
+        if "cpu_fraction_during_wait" in v:
+            cpu = v["cpu_fraction_during_wait"]
+            rows.append((f"waiter CPU < 1% of a core during a wait: {name}", f"{cpu * 100:.3f}%", verdict(cpu < 0.01)))
+    t = r["takeover"]["median_ns"]
+    rows.append(("takeover from a SIGKILLed holder ≤ 5 ms median", f"{t / 1e6:.2f} ms", verdict(t <= 5_000_000)))
+    ins = r["inspect"]["200 unrelated locks"]["median_ns"]
+    rows.append(("inspect ≤ 100 µs with 200 unrelated locks", f"{us(ins):.1f} µs", verdict(ins <= 100_000)))
+    for name, v in r["scale"].items():
+        a, b = v["first_thousand"]["median_ns"], v["last_thousand"]["median_ns"]
+        rows.append((f"acquire flat to 10,000 held leases (last ≤ 1.2× first): {name}", f"{b / a:.2f}× ({us(a):.1f} → {us(b):.1f} µs)", verdict(b <= 1.2 * a)))
+    return rows
+
+
+def plots(r: Dict[str, Any], quick: bool) -> List[str]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pdir = BENCH / ("out/plots" if quick else "plots")
+    pdir.mkdir(parents=True, exist_ok=True)
+    c = r["cycle"]
+    names = sorted(c, key=lambda k: c[k]["median_ns"])
+    fig, ax = plt.subplots(figsize=(9, 0.38 * len(names) + 1.5))
+    colors = ["tab:green" if n.startswith("sidelease") else ("tab:gray" if n.startswith("C ") else "tab:orange") for n in names]
+    ax.barh(names, [us(c[n]["median_ns"]) for n in names], color=colors)
+    ax.set_xscale("log")
+    ax.set_xlabel("median µs per uncontended acquire + release (log scale)")
+    ax.set_title("Cycle cost: sidelease (green), floor (gray), anchors (orange)")
+    fig.tight_layout()
+    f1 = pdir / "cycle.png"
+    fig.savefig(f1, dpi=110)
+    plt.close(fig)
+
+    h = r["handoff"]
+    fig, ax = plt.subplots(figsize=(9, 5))
+    for name, v in h.items():
+        xs = sorted(us(x) for x in v["samples_ns"])
+        ys = [(i + 1) / len(xs) for i in range(len(xs))]
+        ax.step(xs, ys, where="post", label=name)
+    xs = sorted(us(x) for x in r["takeover"]["samples_ns"])
+    ax.step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post", label="takeover after SIGKILL (rust)", linestyle="--")
+    ax.set_xscale("log")
+    ax.set_xlabel("handoff latency, µs (holder releases → waiter in another process holds), log scale")
+    ax.set_ylabel("fraction of handoffs")
+    ax.legend(fontsize=7, loc="lower right")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    f2 = pdir / "handoff.png"
+    fig.savefig(f2, dpi=110)
+    plt.close(fig)
+    return [str(f1.relative_to(BENCH)), str(f2.relative_to(BENCH))]
+
+
+def table(d: Dict[str, Any]) -> str:
+    lines = ["| what | median µs | p99 µs | n |", "|---|---:|---:|---:|"]
+    for k, v in sorted(d.items(), key=lambda kv: kv[1]["median_ns"]):
+        lines.append(f"| {k} | {us(v['median_ns']):.1f} | {us(v['p99_ns']):.1f} | {v['n']} |")
+    return "\n".join(lines)
+
+
+def report(r: Dict[str, Any], quick: bool, pngs: List[str], elapsed: float) -> str:
+    rows = targets(r)
+    met = sum(1 for *_, v in rows if v == "**met**")
+    missed = sum(1 for *_, v in rows if v == "**missed**")
+    env = r["env"]
+    out = [
+        "# sidelease benchmarks",
+        "",
+        f"Generated by `bash bench/run{' --quick' if quick else ''}` on {env['date']} ({env['machine']}; "
+        f"{env['cpus']} CPUs; kernel {env['kernel']}; Node {env['node']}, Bun {env['bun']}, Python {env['python']}) "
+        f"in {elapsed:.0f} s. Every number below comes from this one run; ratios between rows are what count on a "
+        "shared, noisy 2-core machine, absolute times are context.",
+        "",
+        f"**Targets: {met} met, {missed} missed.**",
+        "",
+        "| target | measured | verdict |",
+        "|---|---|---|",
+    ]
+    out += [f"| {a} | {b} | {c} |" for a, b, c in rows]
+    out += ["", "## 1. Uncontended acquire + release", "", f"![cycle cost]({pngs[0]})", "", table(r["cycle"]), ""]
+    out += ["## 2. Shared re-acquire (the lease is already held by this process)", "", table({f"sidelease {k}": v for k, v in r["shared"].items()}), ""]
+    out += ["## 3. Refused attempt (held by another process; holder record read and returned)", "", table({f"sidelease {k}": v for k, v in r["refused"].items()}), ""]
+    out += ["## 4. Handoff latency", "", f"![handoff latency]({pngs[1]})", "",
+            table({k: v for k, v in r["handoff"].items()}), "",
+            "Waiter CPU during a 2-second wait (share of one core): " + ", ".join(
+                f"{k}: {v['cpu_fraction_during_wait'] * 100:.3f}%" for k, v in r["handoff"].items() if "cpu_fraction_during_wait" in v), "",
+            f"Takeover from a SIGKILLed holder (Rust waiter): median {us(r['takeover']['median_ns']):.0f} µs, "
+            f"p99 {us(r['takeover']['p99_ns']):.0f} µs over {r['takeover']['n']}.", ""]
+    out += ["## 5. inspect() with unrelated flock locks on the machine", "", table(r["inspect"]), ""]
+    out += ["## 6. Scale: 10,000 distinct leases held by one process", "",
+            "| run | first 1,000 median µs | last 1,000 median µs | last/first | RSS per held lease |", "|---|---:|---:|---:|---:|"]
+    for name, v in r["scale"].items():
+        a, b = v["first_thousand"]["median_ns"], v["last_thousand"]["median_ns"]
+        out.append(f"| {name} | {us(a):.1f} | {us(b):.1f} | {b / a:.2f} | {v['rss_per_lease_bytes']:.0f} B |")
+    out += ["", "## Notes", "", NOTES]
+    return "\n".join(out) + "\n"
+
+
+NOTES = """\
+- **The /proc/locks read is not a few microseconds in general.** Reading it
+  takes the kernel's global file-lock rwsem (`file_rwsem`) for writing, and a
+  per-CPU rwsem's writer waits for an RCU grace period unless one passed
+  moments ago: the first read in a quiet moment costs 10–20 ms here, then
+  tight loops of reads are cheap. That is why the split guard skips the read
+  when the previous record was written by a split-checked holder of the same
+  inode (see README, Decisions), why the core's steady-state cycle sits below
+  the "C floor with /proc/locks", and why inspect() (which must read it) is
+  measured in a loop here but can cost milliseconds cold.
+- **Scale with new lease files**: each first acquisition of a new lease file
+  reads /proc/locks, which lists every lock this process already holds, so
+  its cost grows with the number held. Lease files acquired before (the
+  ordinary case for a database) skip the read and stay flat.
+- **Handoff** runs through inotify: the holder's close wakes the waiter, which
+  retries `LOCK_NB` (the kernel sends the event before it drops the lock, so
+  retries follow at 50 µs, 200 µs, 1 ms, 4 ms). A raw blocking `flock(2)`
+  waiter is woken by the unlock itself, which is the floor.
+- **Anchors** are the libraries users would pick instead: Python `filelock`,
+  `portalocker`, `fasteners`; Node `proper-lockfile` (a lock directory with
+  mtime refreshes). None of them notices a deleted or replaced lock file.
+- Waiters report CLOCK_MONOTONIC (Bun's own hrtime counts from process
+  start, so the Bun waiter reads the clock through `bun:ffi`).
+"""
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="a few seconds per item; CI checks that it runs")
+    args = ap.parse_args()
+    q = args.quick
+    iters = 2_000 if q else 20_000
+    OUT.mkdir(exist_ok=True)
+    d = tempfile.mkdtemp(prefix="sidelease-bench-")
+    start = time.monotonic()
+    r: Dict[str, Any] = {}
+    try:
+        r["env"] = {
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "machine": platform.machine(),
+            "cpus": os.cpu_count(),
+            "kernel": platform.release(),
+            "node": subprocess.run(["node", "--version"], capture_output=True, text=True).stdout.strip(),
+            "bun": subprocess.run([BUN, "--version"], capture_output=True, text=True).stdout.strip(),
+            "python": platform.python_version(),
+        }
+        steps = [
+            ("cycle", lambda: cycles(d, iters)),
+            ("shared+refused", lambda: shared_and_refused(d, iters)),
+            ("handoff", lambda: handoffs(d, 20 if q else 300, 0.5 if q else 2.0)),
+            ("takeover", lambda: takeover(d, 10 if q else 100)),
+            ("inspect", lambda: inspect_with_locks(d, 200 if q else 2000)),
+            ("scale", lambda: scale(d, 2_000 if q else 10_000)),
+        ]
+        for name, f in steps:
+            t = time.monotonic()
+            v = f()
+            if name == "shared+refused":
+                r["shared"], r["refused"] = v
+            else:
+                r[name] = v
+            print(f"bench: {name} done in {time.monotonic() - t:.1f}s", flush=True)
+        pngs = plots(r, q)
+        text = report(r, q, pngs, time.monotonic() - start)
+        (OUT / "results.json").write_text(json.dumps(r, indent=1))
+        dest = OUT / "REPORT.md" if q else BENCH / "REPORT.md"
+        dest.write_text(text)
+        print(f"bench: wrote {dest.relative_to(ROOT)}")
+        rows = targets(r)
+        met = sum(1 for *_, v in rows if v == "**met**")
+        print(f"bench targets: {met} met, {sum(1 for *_, v in rows if v == '**missed**')} missed")
+        return 0
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
