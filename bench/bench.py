@@ -230,6 +230,7 @@ def handoffs(d: str, n: int, cpu_wait: float) -> Dict[str, Any]:
     py = str(BENCH / "py/measure.py")
     cases = [
         ("raw blocking flock (C)", [CAPI, "raw-waiter", f"{d}/raw.lock"], "flock", f"{d}/raw.lock", n),
+        ("inotify wake + LOCK_NB, no sidelease (C)", [CAPI, "inotify-waiter", f"{d}/ino.lock"], "flock", f"{d}/ino.lock", n),
         ("sidelease rust", [RUST, "waiter", f"{d}/h-rust.db"], "sidelease", f"{d}/h-rust.db", n),
         ("sidelease c-abi", [CAPI, "waiter", f"{d}/h-c.db"], "sidelease", f"{d}/h-c.db", n),
         ("sidelease python", [PY, py, "waiter", "sidelease", f"{d}/h-py.db"], "sidelease", f"{d}/h-py.db", n),
@@ -433,8 +434,16 @@ NOTES = """\
   ordinary case for a database) skip the read and stay flat.
 - **Handoff** runs through inotify: the holder's close wakes the waiter, which
   retries `LOCK_NB` (the kernel sends the event before it drops the lock, so
-  retries follow at 50 µs, 200 µs, 1 ms, 4 ms). A raw blocking `flock(2)`
-  waiter is woken by the unlock itself, which is the floor.
+  a few `sched_yield` retries, then retries at 50 µs, 200 µs, 1 ms, 4 ms). A
+  raw blocking `flock(2)` waiter is woken by the unlock itself, which is the
+  floor. The row "inotify wake + LOCK_NB, no sidelease (C)" is the mechanism
+  alone: on these VMs an inotify wake-up through `poll` costs several times a
+  blocking flock's, and that, plus the holder's release record and the
+  waiter's own record write (a few syscalls each side), is where the
+  handoff's median goes. The 3× target is out of reach for any waiter that
+  must not block in `flock` (DESIGN §5 rules out helper threads and signals);
+  closing it would take a kernel-side wake on unlock, which Linux does not
+  offer for flock.
 - **Anchors** are the libraries users would pick instead: Python `filelock`,
   `portalocker`, `fasteners`; Node `proper-lockfile` (a lock directory with
   mtime refreshes). None of them notices a deleted or replaced lock file.

@@ -99,32 +99,21 @@ function nativeOptions(options) {
 // The native Lease is the public one: JS adds the parsed records, error
 // conversion and disposal to its prototype.
 const Lease = native.Lease;
-const nativeRelease = Lease.prototype.release;
-const nativeCheck = Lease.prototype.check;
-Object.defineProperties(Lease.prototype, {
-  release: {
-    value: function release() {
+// Native methods that can fail get their errors converted.
+for (const name of ['release', 'check']) {
+  const method = Lease.prototype[name];
+  Object.defineProperty(Lease.prototype, name, {
+    value: function () {
       try {
-        return nativeRelease.call(this);
+        return method.call(this);
       } catch (err) {
         throw fromNative(err);
       }
     },
     writable: true,
     configurable: true,
-  },
-  check: {
-    value: function check() {
-      try {
-        return nativeCheck.call(this);
-      } catch (err) {
-        throw fromNative(err);
-      }
-    },
-    writable: true,
-    configurable: true,
-  },
-});
+  });
+}
 Object.defineProperties(Lease.prototype, {
   record: { get() { return JSON.parse(call(() => this.recordJson)); }, configurable: true },
   previous: { get() { return JSON.parse(call(() => this.previousJson)); }, configurable: true },

@@ -14,16 +14,8 @@
 #include <time.h>
 #include <unistd.h>
 
-static long long now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
+#include "stats.h"
 
-static int cmp(const void *a, const void *b) {
-    long long x = *(const long long *)a, y = *(const long long *)b;
-    return (x > y) - (x < y);
-}
 
 static char buf[65536];
 static const char record[] =
@@ -69,9 +61,7 @@ static void run(const char *name, const char *target, const char *dir, int guard
         cycle(target, dir, guard);
         ns[i] = now_ns() - t;
     }
-    qsort(ns, iters, sizeof *ns, cmp);
-    printf("\"%s\":{\"n\":%d,\"median_ns\":%lld,\"p99_ns\":%lld}", name, iters, ns[iters / 2],
-           ns[(long long)((iters - 1) * 0.99)]);
+    print_stats(name, ns, iters);
     free(ns);
 }
 
@@ -86,9 +76,7 @@ static void bare(int iters, const char *dir) {
         close(fd);
         ns[i] = now_ns() - t;
     }
-    qsort(ns, iters, sizeof *ns, cmp);
-    printf("\"c_bare_flock\":{\"n\":%d,\"median_ns\":%lld,\"p99_ns\":%lld}", iters, ns[iters / 2],
-           ns[(long long)((iters - 1) * 0.99)]);
+    print_stats("c_bare_flock", ns, iters);
     free(ns);
 }
 

@@ -181,6 +181,19 @@ pub unsafe extern "C" fn sidelease_lease_previous_json(
     })
 }
 
+fn value_field<T>(
+    lease: *const sidelease_lease,
+    out: *mut T,
+    f: impl FnOnce(&Lease) -> T,
+) -> sidelease_status {
+    guard(|| {
+        let l = &non_null(lease, "lease")?.inner;
+        non_null_mut(out, "out")?;
+        put(out, f(l));
+        Ok(())
+    })
+}
+
 /// Whether the previous holder released cleanly (false: it died holding the
 /// lease, or left an unreadable record; run crash recovery).
 ///
@@ -190,12 +203,7 @@ pub unsafe extern "C" fn sidelease_lease_previous_released_cleanly(
     lease: *const sidelease_lease,
     out: *mut bool,
 ) -> sidelease_status {
-    guard(|| {
-        let l = &non_null(lease, "lease")?.inner;
-        non_null_mut(out, "out")?;
-        put(out, l.previous_released_cleanly());
-        Ok(())
-    })
+    value_field(lease, out, Lease::previous_released_cleanly)
 }
 
 /// The fencing token: one more than the previous holder's generation.
@@ -206,12 +214,7 @@ pub unsafe extern "C" fn sidelease_lease_generation(
     lease: *const sidelease_lease,
     out: *mut u64,
 ) -> sidelease_status {
-    guard(|| {
-        let l = &non_null(lease, "lease")?.inner;
-        non_null_mut(out, "out")?;
-        put(out, l.generation());
-        Ok(())
-    })
+    value_field(lease, out, Lease::generation)
 }
 
 /// Whether the holder record was written (false when the lease file could
@@ -223,10 +226,5 @@ pub unsafe extern "C" fn sidelease_lease_record_written(
     lease: *const sidelease_lease,
     out: *mut bool,
 ) -> sidelease_status {
-    guard(|| {
-        let l = &non_null(lease, "lease")?.inner;
-        non_null_mut(out, "out")?;
-        put(out, l.record_written());
-        Ok(())
-    })
+    value_field(lease, out, Lease::record_written)
 }

@@ -12,35 +12,49 @@ use rustix::fs::inotify::{self, CreateFlags, WatchFlags};
 
 /// Idle inotify instances kept for reuse: closing one costs ~80 µs (p99 far
 /// more) and a user may only have 128, so waits borrow and return them. The
-/// PID tells a forked child not to share its parent's instances.
-static POOL: Mutex<(u32, Vec<OwnedFd>)> = Mutex::new((0, Vec::new()));
+/// PID tells a forked child not to share its parent's instances. Each keeps
+/// the watches its last wait set: removing a watch is slow too, and doing it
+/// when the next wait begins keeps it out of the handoff.
+type Idle = (OwnedFd, Vec<i32>);
+static POOL: Mutex<(u32, Vec<Idle>)> = Mutex::new((0, Vec::new()));
 const POOL_MAX: usize = 16;
 
 fn take_instance() -> Option<OwnedFd> {
     let pid = std::process::id();
     // try_lock: after fork the lock may be held by a thread that is gone.
-    if let Ok(mut pool) = POOL.try_lock() {
-        if pool.0 != pid {
-            // Inherited from the parent: never read its events, never close
-            // what the parent still uses.
-            std::mem::take(&mut pool.1)
-                .into_iter()
-                .for_each(std::mem::forget);
-            pool.0 = pid;
+    let idle = match POOL.try_lock() {
+        Ok(mut pool) => {
+            if pool.0 != pid {
+                // Inherited from the parent: never read its events, never
+                // close what the parent still uses.
+                std::mem::take(&mut pool.1)
+                    .into_iter()
+                    .for_each(std::mem::forget);
+                pool.0 = pid;
+            }
+            pool.1.pop()
         }
-        if let Some(fd) = pool.1.pop() {
-            return Some(fd);
+        Err(_) => None,
+    };
+    if let Some((fd, wds)) = idle {
+        for wd in wds {
+            let _ = inotify::remove_watch(&fd, wd);
         }
+        drain(fd.as_fd());
+        return Some(fd);
     }
     inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK).ok()
 }
 
-fn give_back(fd: OwnedFd) {
-    drain(fd.as_fd());
+fn give_back(fd: OwnedFd, wds: Vec<i32>) {
     if let Ok(mut pool) = POOL.try_lock() {
         if pool.0 == std::process::id() && pool.1.len() < POOL_MAX {
-            pool.1.push(fd);
+            pool.1.push((fd, wds));
+            return;
         }
+    }
+    for wd in wds {
+        let _ = inotify::remove_watch(&fd, wd);
     }
 }
 
@@ -125,10 +139,7 @@ impl Default for ChangeWatch {
 impl Drop for ChangeWatch {
     fn drop(&mut self) {
         if let Some(fd) = self.inotify.take() {
-            for wd in self.wds.drain(..) {
-                let _ = inotify::remove_watch(&fd, wd);
-            }
-            give_back(fd);
+            give_back(fd, std::mem::take(&mut self.wds));
         }
     }
 }
