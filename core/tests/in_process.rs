@@ -96,16 +96,21 @@ fn a_released_handle_refuses_check() {
     assert!(e.to_string().contains("released"), "{e}");
 }
 
+/// Hold the lease of `app.db` through a descriptor outside this library's
+/// registry, as another process would.
+fn hold_outside_registry(d: &tempfile::TempDir) -> std::fs::File {
+    let lp = d.path().join("app.db.backend-lease");
+    std::fs::write(&lp, b"").unwrap();
+    let f = std::fs::File::open(&lp).unwrap();
+    rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive).unwrap();
+    f
+}
+
 #[test]
 fn cancel_ends_a_wait_from_another_thread() {
     let d = dir();
     let db = d.path().join("app.db");
-    let lp = d.path().join("app.db.backend-lease");
-    // Hold the lock through a descriptor outside this library's registry, as
-    // another process would.
-    std::fs::write(&lp, b"").unwrap();
-    let f = std::fs::File::open(&lp).unwrap();
-    rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive).unwrap();
+    let f = hold_outside_registry(&d);
     let token = sidelease::CancelToken::new().unwrap();
     let t2 = token.clone();
     let canceller = std::thread::spawn(move || {
@@ -127,10 +132,7 @@ fn cancel_ends_a_wait_from_another_thread() {
 fn a_waiter_in_this_process_wakes_when_the_other_holder_closes() {
     let d = dir();
     let db = d.path().join("app.db");
-    let lp = d.path().join("app.db.backend-lease");
-    std::fs::write(&lp, b"").unwrap();
-    let f = std::fs::File::open(&lp).unwrap();
-    rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive).unwrap();
+    let f = hold_outside_registry(&d);
     let closer = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(100));
         drop(f);
