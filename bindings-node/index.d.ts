@@ -13,8 +13,14 @@ export interface AcquireOptions {
   metadata?: Record<string, unknown> | null;
   /** Accept NFS, SMB, FUSE and other filesystems where flock is unreliable. */
   allowUnsupportedFs?: boolean;
-  /** Refuse while a live process holds a deleted former lease file (default true). */
+  /** Refuse while a live process holds a former lease file: deleted, moved or replaced (default true). */
   splitGuard?: boolean;
+  /**
+   * Watch the held lease file and put it back at once if someone deletes,
+   * moves or replaces it; `lease.signal` aborts if the lease is lost
+   * (default true).
+   */
+  watch?: boolean;
 }
 
 export interface AcquireAsyncOptions extends AcquireOptions {
@@ -25,7 +31,8 @@ export interface AcquireAsyncOptions extends AcquireOptions {
 /** The holder record (schema 1) as written in the lease file. */
 export interface HolderRecord {
   schema: 1;
-  generation: number;
+  /** Absent when the lease file could only be opened read-only. */
+  generation?: number;
   pid: number;
   host?: string;
   started_at: string;
@@ -42,6 +49,9 @@ export interface HolderRecord {
   device?: number;
   inode?: number;
   split_checked?: boolean;
+  dir_device?: number;
+  dir_inode?: number;
+  file_name?: string;
   released_at?: string;
 }
 
@@ -51,6 +61,16 @@ export declare class Lease extends NativeLease {
   /** The record the previous holder left, or null. */
   readonly previous: HolderRecord | null;
   check(): 'held' | 'unlinked' | 'replaced';
+  /** 'held', 'lost' (see `signal`) or 'released'. */
+  readonly state: 'held' | 'lost' | 'released';
+  /**
+   * Aborted, with a SideleaseError whose code is 'SIDELEASE_LOST', when the
+   * lease is lost while held (its file replaced or deleted and another
+   * process holding the new one, or it could not be put back).
+   */
+  readonly signal: AbortSignal;
+  /** Throws the SIDELEASE_LOST error if the lease was lost. */
+  ensureHeld(): void;
   [Symbol.dispose](): void;
 }
 
@@ -60,7 +80,16 @@ export interface Inspection {
   state: 'free' | 'held' | 'split' | 'unknown';
   holders: number[];
   record: HolderRecord | null;
-  recordStatus: 'live' | 'self' | 'stale' | 'image-replaced' | 'released' | 'foreign' | 'empty' | 'unreadable';
+  recordStatus:
+    | 'live'
+    | 'self'
+    | 'stale'
+    | 'image-replaced'
+    | 'released'
+    | 'foreign'
+    | 'empty'
+    | 'unreadable'
+    | 'unknown';
   orphans: { pid: number; inode: number }[];
   unattributed: number;
 }
@@ -71,6 +100,7 @@ export type SideleaseErrorCode =
   | 'SIDELEASE_UNSUPPORTED_FS'
   | 'SIDELEASE_INVALID_ARGUMENT'
   | 'SIDELEASE_IO'
+  | 'SIDELEASE_LOST'
   | 'ABORT_ERR';
 
 export declare class SideleaseError extends Error {
@@ -89,6 +119,8 @@ export declare class SideleaseError extends Error {
   fstype?: string;
   /** Invalid argument: which one. */
   argument?: string;
+  /** Lost: what happened. */
+  reason?: string;
 }
 
 export declare function acquire(target: string | URL, options?: AcquireOptions): Lease;

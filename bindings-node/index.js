@@ -60,7 +60,7 @@ function nativeOptions(options) {
   if (options === undefined || options === null) return undefined; // the defaults, set natively
   if (typeof options !== 'object' || Array.isArray(options)) throw typeError('options', 'an object', options);
   const out = {};
-  const { timeout, suffix, metadata, allowUnsupportedFs, splitGuard, signal } = options;
+  const { timeout, suffix, metadata, allowUnsupportedFs, splitGuard, watch, signal } = options;
   if (timeout !== undefined) {
     if (typeof timeout !== 'number') throw typeError('options.timeout', 'a number', timeout);
     out.timeout = timeout;
@@ -92,6 +92,10 @@ function nativeOptions(options) {
     if (typeof splitGuard !== 'boolean') throw typeError('options.splitGuard', 'a boolean', splitGuard);
     out.splitGuard = splitGuard;
   }
+  if (watch !== undefined) {
+    if (typeof watch !== 'boolean') throw typeError('options.watch', 'a boolean', watch);
+    out.watch = watch;
+  }
   if (signal !== undefined && !(signal instanceof AbortSignal)) throw typeError('options.signal', 'an AbortSignal', signal);
   return out;
 }
@@ -100,7 +104,7 @@ function nativeOptions(options) {
 // conversion and disposal to its prototype.
 const Lease = native.Lease;
 // Native methods that can fail get their errors converted.
-for (const name of ['release', 'check']) {
+for (const name of ['release', 'check', 'ensureHeld']) {
   const method = Lease.prototype[name];
   Object.defineProperty(Lease.prototype, name, {
     value: function () {
@@ -114,7 +118,42 @@ for (const name of ['release', 'check']) {
     configurable: true,
   });
 }
+// Each lease's AbortSignal, made on first use of `lease.signal`.
+const signals = new WeakMap();
+
+function lostError(message, reason, leasePath) {
+  return new SideleaseError(message, { code: 'SIDELEASE_LOST', reason, leasePath });
+}
+
 Object.defineProperties(Lease.prototype, {
+  /**
+   * An AbortSignal aborted (with a SIDELEASE_LOST error as its reason) when
+   * the lease is lost while held. Watching it never keeps the loop alive.
+   */
+  signal: {
+    get() {
+      let s = signals.get(this);
+      if (s) return s;
+      const controller = new AbortController();
+      s = controller.signal;
+      signals.set(this, s);
+      const leasePath = this.leasePath;
+      const abort = (message) => {
+        if (!controller.signal.aborted) controller.abort(lostError(message, this.lostReason, leasePath));
+      };
+      if (this.state === 'lost') {
+        try {
+          this.ensureHeld();
+        } catch (err) {
+          controller.abort(err);
+        }
+      } else if (this.state === 'held') {
+        call(() => this.onLost(abort));
+      }
+      return s;
+    },
+    configurable: true,
+  },
   record: { get() { return JSON.parse(call(() => this.recordJson)); }, configurable: true },
   previous: { get() { return JSON.parse(call(() => this.previousJson)); }, configurable: true },
   [dispose]: { value() { this.release(); }, writable: true, configurable: true },

@@ -23,9 +23,27 @@ export declare class Lease {
   get recordJson(): string
   /** The previous holder's record as JSON text ("null" if none). */
   get previousJson(): string
-  get previousReleasedCleanly(): boolean
-  /** The fencing token (a JS number: exact up to 2^53). */
-  get generation(): number
+  /**
+   * null when the lease file could only be opened read-only (no record
+   * is written, so this is not known).
+   */
+  get previousReleasedCleanly(): boolean | null
+  /**
+   * The fencing token (a JS number: exact up to 2^53); null for a
+   * read-only lease file.
+   */
+  get generation(): number | null
+  /** 'held', 'lost' or 'released'. */
+  get state(): string
+  /** What happened, once the lease was lost (else null). */
+  get lostReason(): string | null
+  /** Throw a SIDELEASE_LOST error if the lease was lost. */
+  ensureHeld(): void
+  /**
+   * Call `callback(message)` on this thread's event loop when the lease
+   * is lost. It never keeps the event loop alive.
+   */
+  onLost(callback: (arg: string) => void): void
   get recordWritten(): boolean
 }
 
@@ -47,6 +65,7 @@ export interface NativeOptions {
   metadataJson?: string
   allowUnsupportedFs?: boolean
   splitGuard?: boolean
+  watch?: boolean
   runtime?: string
 }
 

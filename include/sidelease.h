@@ -59,6 +59,18 @@ typedef enum {
    * A buffer given to the library was too small (the output is truncated).
    */
   SIDELEASE_ERR_BUFFER_TOO_SMALL = 9,
+  /**
+   * The lease was lost while held: its file was replaced or deleted and
+   * another process holds the lease file now, or it could not be put back
+   * (the message says which).
+   */
+  SIDELEASE_ERR_LOST = 10,
+  /**
+   * The answer is not known: a lease that could only open its file
+   * read-only writes no record, so it has no fencing generation and
+   * cannot tell whether its predecessor released cleanly.
+   */
+  SIDELEASE_ERR_UNKNOWN = 11,
 } sidelease_status;
 
 /**
@@ -80,6 +92,27 @@ typedef enum {
 } sidelease_check;
 
 /**
+ * Where a lease stands.
+ */
+typedef enum {
+  /**
+   * Held and whole: the lease path names a file this lease has locked.
+   */
+  SIDELEASE_STATE_HELD = 0,
+  /**
+   * Lost while held: the lease file was replaced or deleted and another
+   * process holds the file now at its path, or it could not be put back.
+   * Stop the work the lease protects and release it.
+   */
+  SIDELEASE_STATE_LOST = 1,
+  /**
+   * This handle was released (or belongs to the parent of this forked
+   * process).
+   */
+  SIDELEASE_STATE_RELEASED = 2,
+} sidelease_state;
+
+/**
  * A cancel token. Cancelling is permanent: a cancelled token cancels every
  * wait it is given afterwards, so make one per wait you may cancel.
  */
@@ -97,6 +130,12 @@ typedef struct sidelease_lease sidelease_lease;
  * guard on.
  */
 typedef struct sidelease_options sidelease_options;
+
+/**
+ * Called (from the library's watcher thread, never from a signal handler)
+ * when a lease is lost. `reason` is valid only during the call.
+ */
+typedef void (*sidelease_lost_callback)(const char *reason, void *user_data);
 
 #ifdef __cplusplus
 extern "C" {
@@ -252,14 +291,19 @@ sidelease_status sidelease_lease_previous_json(const sidelease_lease *lease, cha
  * Whether the previous holder released cleanly (false: it died holding the
  * lease, or left an unreadable record; run crash recovery).
  *
- * Returns SIDELEASE_OK or SIDELEASE_ERR_NULL_ARGUMENT.
+ * Returns SIDELEASE_OK, SIDELEASE_ERR_NULL_ARGUMENT, or
+ * SIDELEASE_ERR_UNKNOWN (`*out` untouched) when the lease file could only
+ * be opened read-only: such a lease writes no record and cannot know.
  */
 sidelease_status sidelease_lease_previous_released_cleanly(const sidelease_lease *lease, bool *out);
 
 /**
  * The fencing token: one more than the previous holder's generation.
  *
- * Returns SIDELEASE_OK or SIDELEASE_ERR_NULL_ARGUMENT.
+ * Returns SIDELEASE_OK, SIDELEASE_ERR_NULL_ARGUMENT, or
+ * SIDELEASE_ERR_UNKNOWN (`*out` untouched) when the lease file could only
+ * be opened read-only: such a lease writes no record, so it has no
+ * generation.
  */
 sidelease_status sidelease_lease_generation(const sidelease_lease *lease, uint64_t *out);
 
@@ -320,11 +364,23 @@ sidelease_status sidelease_options_set_allow_unsupported_fs(sidelease_options *o
 
 /**
  * The split-domain guard (on by default): refuse the lease while a live
- * process holds a deleted former lease file. Costs one read of /proc/locks.
+ * process holds a former lease file (deleted, moved away or replaced).
+ * Reads /proc/locks unless the previous holder's record vouches for the
+ * file.
  *
  * Returns SIDELEASE_OK or SIDELEASE_ERR_NULL_ARGUMENT.
  */
 sidelease_status sidelease_options_set_split_guard(sidelease_options *opts, bool on);
+
+/**
+ * The holder's watch (on by default): while held, the lease file is
+ * watched, and if someone deletes, moves or replaces it the lease puts it
+ * back at once; if another process holds the new file, the lease is lost
+ * (see sidelease_lease_state()).
+ *
+ * Returns SIDELEASE_OK or SIDELEASE_ERR_NULL_ARGUMENT.
+ */
+sidelease_status sidelease_options_set_watch(sidelease_options *opts, bool on);
 
 /**
  * The runtime named in the holder record (default "c"; for wrappers such
@@ -345,6 +401,51 @@ void sidelease_string_free(char *s);
  * The library version ("0.1.0"), a static string: do not free it.
  */
 const char *sidelease_version(void);
+
+/**
+ * The lease's state. `*out` receives SIDELEASE_STATE_HELD, _LOST or
+ * _RELEASED.
+ *
+ * Returns SIDELEASE_OK or SIDELEASE_ERR_NULL_ARGUMENT.
+ */
+sidelease_status sidelease_lease_state(const sidelease_lease *lease, sidelease_state *out);
+
+/**
+ * Check, before work that must only happen under the lease, that it is
+ * still held and whole.
+ *
+ * Returns SIDELEASE_OK; SIDELEASE_ERR_LOST (sidelease_last_error() says
+ * what happened and names the other holder); SIDELEASE_ERR_INVALID_ARGUMENT
+ * (the handle was released, or belongs to the parent of this forked
+ * process); SIDELEASE_ERR_NULL_ARGUMENT.
+ */
+sidelease_status sidelease_lease_ensure_held(const sidelease_lease *lease);
+
+/**
+ * A descriptor that turns readable (POLLIN) when the lease is lost, for
+ * the caller's event loop; it stays readable from then on. Owned by the
+ * lease: do not read, write or close it; valid until
+ * sidelease_lease_free().
+ *
+ * Returns SIDELEASE_OK, SIDELEASE_ERR_NULL_ARGUMENT,
+ * SIDELEASE_ERR_INVALID_ARGUMENT (released handle) or SIDELEASE_ERR_IO
+ * (no eventfd could be made).
+ */
+sidelease_status sidelease_lease_lost_fd(const sidelease_lease *lease, int *out);
+
+/**
+ * Call `callback(reason, user_data)` when the lease is lost (at once, in
+ * this thread, if it already was). It runs on the library's watcher
+ * thread: keep it short, never block in it, and make `user_data` safe to
+ * use from there. It must not free this lease. A callback that is NULL is
+ * an error.
+ *
+ * Returns SIDELEASE_OK, SIDELEASE_ERR_NULL_ARGUMENT or
+ * SIDELEASE_ERR_INVALID_ARGUMENT (released handle).
+ */
+sidelease_status sidelease_lease_on_lost(const sidelease_lease *lease,
+                                         sidelease_lost_callback callback,
+                                         void *user_data);
 
 #ifdef __cplusplus
 }  // extern "C"

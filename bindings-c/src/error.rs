@@ -31,6 +31,14 @@ pub enum sidelease_status {
     SIDELEASE_ERR_CANCELLED = 8,
     /// A buffer given to the library was too small (the output is truncated).
     SIDELEASE_ERR_BUFFER_TOO_SMALL = 9,
+    /// The lease was lost while held: its file was replaced or deleted and
+    /// another process holds the lease file now, or it could not be put back
+    /// (the message says which).
+    SIDELEASE_ERR_LOST = 10,
+    /// The answer is not known: a lease that could only open its file
+    /// read-only writes no record, so it has no fencing generation and
+    /// cannot tell whether its predecessor released cleanly.
+    SIDELEASE_ERR_UNKNOWN = 11,
 }
 
 use sidelease_status::*;
@@ -40,6 +48,7 @@ pub(crate) enum FfiError {
     Core(Error),
     Null(&'static str),
     Invalid(&'static str, String),
+    Unknown(String),
     Panic,
 }
 
@@ -71,6 +80,7 @@ pub(crate) fn record_failure(e: FfiError) -> sidelease_status {
                 ErrorKind::InvalidArgument => SIDELEASE_ERR_INVALID_ARGUMENT,
                 ErrorKind::Io => SIDELEASE_ERR_IO,
                 ErrorKind::Cancelled => SIDELEASE_ERR_CANCELLED,
+                ErrorKind::Lost => SIDELEASE_ERR_LOST,
             };
             let (holder, holders) = match e.contention() {
                 Some(c) => (
@@ -104,6 +114,13 @@ pub(crate) fn record_failure(e: FfiError) -> sidelease_status {
             SIDELEASE_ERR_INVALID_ARGUMENT,
             LastError {
                 message: format!("invalid argument `{name}`: {why}").into_bytes(),
+                ..Default::default()
+            },
+        ),
+        FfiError::Unknown(why) => (
+            SIDELEASE_ERR_UNKNOWN,
+            LastError {
+                message: why.into_bytes(),
                 ..Default::default()
             },
         ),
@@ -208,6 +225,8 @@ pub unsafe extern "C" fn sidelease_strerror(
         7 => b"internal error (panic caught)",
         8 => b"the wait was cancelled",
         9 => b"buffer too small",
+        10 => b"the lease was lost while held",
+        11 => b"the answer is not known (read-only lease file)",
         _ => b"unknown status",
     };
     copy_out(text, buf, len, written)

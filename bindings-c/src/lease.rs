@@ -6,7 +6,7 @@ use std::os::unix::ffi::OsStrExt;
 use sidelease_core::{Check, Lease, Options, Pending};
 
 use crate::cancel::sidelease_cancel;
-use crate::error::sidelease_status;
+use crate::error::{sidelease_status, FfiError};
 use crate::guard::{guard, non_null, non_null_mut, put};
 use crate::options::sidelease_options;
 use crate::strings::{give, path_arg};
@@ -14,7 +14,7 @@ use crate::strings::{give, path_arg};
 /// A handle on a lease. Several handles of one process may share one lease;
 /// the lease ends with the last release.
 pub struct sidelease_lease {
-    inner: Lease,
+    pub(crate) inner: Lease,
 }
 
 /// Does the lease path still name the locked file?
@@ -197,24 +197,50 @@ fn value_field<T>(
 /// Whether the previous holder released cleanly (false: it died holding the
 /// lease, or left an unreadable record; run crash recovery).
 ///
-/// Returns SIDELEASE_OK or SIDELEASE_ERR_NULL_ARGUMENT.
+/// Returns SIDELEASE_OK, SIDELEASE_ERR_NULL_ARGUMENT, or
+/// SIDELEASE_ERR_UNKNOWN (`*out` untouched) when the lease file could only
+/// be opened read-only: such a lease writes no record and cannot know.
 #[no_mangle]
 pub unsafe extern "C" fn sidelease_lease_previous_released_cleanly(
     lease: *const sidelease_lease,
     out: *mut bool,
 ) -> sidelease_status {
-    value_field(lease, out, Lease::previous_released_cleanly)
+    known_field(lease, out, Lease::previous_released_cleanly)
 }
 
 /// The fencing token: one more than the previous holder's generation.
 ///
-/// Returns SIDELEASE_OK or SIDELEASE_ERR_NULL_ARGUMENT.
+/// Returns SIDELEASE_OK, SIDELEASE_ERR_NULL_ARGUMENT, or
+/// SIDELEASE_ERR_UNKNOWN (`*out` untouched) when the lease file could only
+/// be opened read-only: such a lease writes no record, so it has no
+/// generation.
 #[no_mangle]
 pub unsafe extern "C" fn sidelease_lease_generation(
     lease: *const sidelease_lease,
     out: *mut u64,
 ) -> sidelease_status {
-    value_field(lease, out, Lease::generation)
+    known_field(lease, out, Lease::generation)
+}
+
+fn known_field<T>(
+    lease: *const sidelease_lease,
+    out: *mut T,
+    f: impl FnOnce(&Lease) -> Option<T>,
+) -> sidelease_status {
+    guard(|| {
+        let l = &non_null(lease, "lease")?.inner;
+        non_null_mut(out, "out")?;
+        match f(l) {
+            Some(v) => {
+                put(out, v);
+                Ok(())
+            }
+            None => Err(FfiError::Unknown(format!(
+                "{} could only be opened read-only: no record was written, so this is not known",
+                l.lease_path().display()
+            ))),
+        }
+    })
 }
 
 /// Whether the holder record was written (false when the lease file could

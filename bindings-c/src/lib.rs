@@ -21,6 +21,7 @@ mod inspect;
 mod lease;
 mod options;
 mod strings;
+mod watch;
 
 pub use cancel::*;
 pub use error::*;
@@ -28,3 +29,4 @@ pub use inspect::*;
 pub use lease::*;
 pub use options::*;
 pub use strings::*;
+pub use watch::*;

@@ -127,7 +127,9 @@ pub unsafe extern "C" fn sidelease_options_set_allow_unsupported_fs(
 }
 
 /// The split-domain guard (on by default): refuse the lease while a live
-/// process holds a deleted former lease file. Costs one read of /proc/locks.
+/// process holds a former lease file (deleted, moved away or replaced).
+/// Reads /proc/locks unless the previous holder's record vouches for the
+/// file.
 ///
 /// Returns SIDELEASE_OK or SIDELEASE_ERR_NULL_ARGUMENT.
 #[no_mangle]
@@ -137,6 +139,23 @@ pub unsafe extern "C" fn sidelease_options_set_split_guard(
 ) -> sidelease_status {
     with(opts, |o| {
         o.split_guard = on;
+        Ok(())
+    })
+}
+
+/// The holder's watch (on by default): while held, the lease file is
+/// watched, and if someone deletes, moves or replaces it the lease puts it
+/// back at once; if another process holds the new file, the lease is lost
+/// (see sidelease_lease_state()).
+///
+/// Returns SIDELEASE_OK or SIDELEASE_ERR_NULL_ARGUMENT.
+#[no_mangle]
+pub unsafe extern "C" fn sidelease_options_set_watch(
+    opts: *mut sidelease_options,
+    on: bool,
+) -> sidelease_status {
+    with(opts, |o| {
+        o.watch = on;
         Ok(())
     })
 }

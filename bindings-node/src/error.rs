@@ -16,6 +16,7 @@ pub fn code(kind: ErrorKind) -> &'static str {
         ErrorKind::InvalidArgument => "SIDELEASE_INVALID_ARGUMENT",
         ErrorKind::Io => "SIDELEASE_IO",
         ErrorKind::Cancelled => "ABORT_ERR",
+        ErrorKind::Lost => "SIDELEASE_LOST",
     }
 }
 
@@ -48,6 +49,11 @@ pub fn to_js(e: Error) -> NapiError<String> {
             payload["path"] = json!(path.to_string_lossy());
         }
         Error::Cancelled { .. } => {}
+        Error::Lost(l) => {
+            payload["reason"] = json!(l.reason);
+            payload["holders"] = json!(l.holders);
+            payload["leasePath"] = json!(l.lease_path.to_string_lossy());
+        }
     }
     NapiError::new(code(e.kind()).to_string(), payload.to_string())
 }

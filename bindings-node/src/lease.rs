@@ -1,6 +1,12 @@
 //! `acquire`, `inspect` and the `Lease` handle.
 
+use napi::bindgen_prelude::Function;
+use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
+use napi::Status;
 use napi_derive::napi;
+
+/// Weak (never keeps the loop alive), called with the message only.
+type LostCallback = ThreadsafeFunction<String, (), String, Status, false, true, 0>;
 use sidelease::{Options, Pending, Wait};
 
 use crate::error::{invalid, IntoJs, Result};
@@ -14,6 +20,7 @@ pub struct NativeOptions {
     pub metadata_json: Option<String>,
     pub allow_unsupported_fs: Option<bool>,
     pub split_guard: Option<bool>,
+    pub watch: Option<bool>,
     pub runtime: Option<String>,
 }
 
@@ -47,6 +54,7 @@ pub fn options(o: Option<NativeOptions>) -> Result<Options> {
     }
     opts.allow_unsupported_fs = o.allow_unsupported_fs.unwrap_or(false);
     opts.split_guard = o.split_guard.unwrap_or(true);
+    opts.watch = o.watch.unwrap_or(true);
     opts.runtime = Some(o.runtime.unwrap_or_else(runtime));
     opts.validate().js()?;
     Ok(opts)
@@ -141,15 +149,60 @@ impl Lease {
             .unwrap_or_else(|| "null".into()))
     }
 
+    /// null when the lease file could only be opened read-only (no record
+    /// is written, so this is not known).
     #[napi(getter)]
-    pub fn previous_released_cleanly(&self) -> Result<bool> {
+    pub fn previous_released_cleanly(&self) -> Result<Option<bool>> {
         Ok(self.any()?.previous_released_cleanly())
     }
 
-    /// The fencing token (a JS number: exact up to 2^53).
+    /// The fencing token (a JS number: exact up to 2^53); null for a
+    /// read-only lease file.
     #[napi(getter)]
-    pub fn generation(&self) -> Result<f64> {
-        Ok(self.any()?.generation() as f64)
+    pub fn generation(&self) -> Result<Option<f64>> {
+        Ok(self.any()?.generation().map(|g| g as f64))
+    }
+
+    /// 'held', 'lost' or 'released'.
+    #[napi(getter)]
+    pub fn state(&self) -> String {
+        match &self.inner {
+            Some(l) => l.state().as_str().to_string(),
+            None => "released".into(),
+        }
+    }
+
+    /// What happened, once the lease was lost (else null).
+    #[napi(getter)]
+    pub fn lost_reason(&self) -> Option<String> {
+        match self.inner.as_ref()?.state() {
+            sidelease::LeaseState::Lost(l) => Some(l.reason),
+            _ => None,
+        }
+    }
+
+    /// Throw a SIDELEASE_LOST error if the lease was lost.
+    #[napi]
+    pub fn ensure_held(&self) -> Result<()> {
+        self.any()?.ensure_held().js()
+    }
+
+    /// Call `callback(message)` on this thread's event loop when the lease
+    /// is lost. It never keeps the event loop alive.
+    #[napi]
+    pub fn on_lost(&self, callback: Function<'_, String, ()>) -> Result<()> {
+        let tsfn: LostCallback = callback
+            .build_threadsafe_function::<String>()
+            .callee_handled::<false>()
+            .weak::<true>()
+            .build()
+            .map_err(|e| invalid("callback", &e.to_string()))?;
+        self.live()?
+            .on_lost(move |lost| {
+                // Closing (its environment was torn down) is fine to ignore.
+                let _ = tsfn.call(lost.to_string(), ThreadsafeFunctionCallMode::NonBlocking);
+            })
+            .js()
     }
 
     #[napi(getter)]

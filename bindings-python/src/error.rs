@@ -83,6 +83,22 @@ pub fn to_py(py: Python<'_>, e: Error) -> PyErr {
             ),
         ),
         Error::Cancelled { .. } => PyKeyboardInterrupt::new_err(message),
+        Error::Lost(l) => {
+            let holders = match PyList::new(py, &l.holders) {
+                Ok(h) => h,
+                Err(err) => return err,
+            };
+            build(
+                py,
+                "LeaseLost",
+                (
+                    message,
+                    l.reason.clone(),
+                    holders,
+                    l.lease_path.to_string_lossy().into_owned(),
+                ),
+            )
+        }
     }
 }
 

@@ -35,6 +35,7 @@ pub fn options(
     metadata: Option<&Bound<'_, PyAny>>,
     allow_unsupported_fs: bool,
     split_guard: bool,
+    watch: bool,
 ) -> PyResult<Options> {
     let wait = match timeout {
         None => Wait::Forever,
@@ -45,6 +46,7 @@ pub fn options(
         .suffix(suffix)
         .allow_unsupported_fs(allow_unsupported_fs)
         .split_guard(split_guard)
+        .watch(watch)
         .runtime(runtime());
     if let Some(m) = metadata.filter(|m| !m.is_none()) {
         let text = json::metadata_text(py, m)?;
@@ -54,10 +56,12 @@ pub fn options(
 }
 
 /// Acquire the lease of `target`. `timeout` in seconds: 0 is one attempt,
-/// None waits forever. The GIL is released while waiting; Ctrl-C ends a
+/// None waits forever. The GIL is released while trying (a first look at
+/// `/proc/locks` can take milliseconds) and while waiting; Ctrl-C ends a
 /// wait with KeyboardInterrupt.
 #[pyfunction]
-#[pyo3(signature = (target, *, timeout=Some(0.0), suffix=sidelease::DEFAULT_SUFFIX, metadata=None, allow_unsupported_fs=false, split_guard=true))]
+#[pyo3(signature = (target, *, timeout=Some(0.0), suffix=sidelease::DEFAULT_SUFFIX, metadata=None, allow_unsupported_fs=false, split_guard=true, watch=true))]
+#[allow(clippy::too_many_arguments)]
 pub fn acquire(
     py: Python<'_>,
     target: PathBuf,
@@ -66,6 +70,7 @@ pub fn acquire(
     metadata: Option<&Bound<'_, PyAny>>,
     allow_unsupported_fs: bool,
     split_guard: bool,
+    watch: bool,
 ) -> PyResult<Lease> {
     let opts = options(
         py,
@@ -74,11 +79,12 @@ pub fn acquire(
         metadata,
         allow_unsupported_fs,
         split_guard,
+        watch,
     )?;
     let mut p = CorePending::new(&target, &opts).py(py)?;
     let deadline = p.deadline();
     loop {
-        if let Some(lease) = p.try_acquire().py(py)? {
+        if let Some(lease) = py.detach(|| p.try_acquire()).py(py)? {
             return Ok(Lease::new(lease));
         }
         let now = Instant::now();
@@ -161,14 +167,61 @@ impl Lease {
             .transpose()
     }
 
+    /// None when the lease file could only be opened read-only (no record
+    /// is written, so this is not known).
     #[getter]
-    fn previous_released_cleanly(&self) -> bool {
+    fn previous_released_cleanly(&self) -> Option<bool> {
         self.inner.previous_released_cleanly()
     }
 
+    /// The fencing token; None for a read-only lease file.
     #[getter]
-    fn generation(&self) -> u64 {
+    fn generation(&self) -> Option<u64> {
         self.inner.generation()
+    }
+
+    /// "held", "lost" or "released".
+    #[getter]
+    fn state(&self) -> &'static str {
+        self.inner.state().as_str()
+    }
+
+    /// True once the lease was lost while held (its file replaced or
+    /// deleted and another process holding the new one, or it could not be
+    /// put back).
+    #[getter]
+    fn lost(&self) -> bool {
+        matches!(self.inner.state(), sidelease::LeaseState::Lost(_))
+    }
+
+    /// What happened, when the lease was lost.
+    #[getter]
+    fn lost_reason(&self) -> Option<String> {
+        match self.inner.state() {
+            sidelease::LeaseState::Lost(l) => Some(l.reason),
+            _ => None,
+        }
+    }
+
+    /// Raise LeaseLost if the lease was lost (call it before work that must
+    /// only happen under the lease).
+    fn ensure_held(&self, py: Python<'_>) -> PyResult<()> {
+        self.inner.ensure_held().py(py)
+    }
+
+    /// A descriptor that turns readable when the lease is lost or released
+    /// (owned by the lease; for `wait_lost`).
+    fn _lost_fd(&self, py: Python<'_>) -> PyResult<i32> {
+        use std::os::fd::AsRawFd;
+        Ok(self.inner.lost_fd().py(py)?.as_raw_fd())
+    }
+
+    /// Wait (asyncio) until the lease is lost: returns the LeaseLost error,
+    /// or None if the lease is released first.
+    fn wait_lost<'py>(slf: Bound<'py, Self>, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        py.import("sidelease._lost")?
+            .getattr("wait_lost")?
+            .call1((slf,))
     }
 
     #[getter]
@@ -185,7 +238,9 @@ impl Lease {
         format!(
             "<sidelease.Lease {:?} generation={} {}>",
             self.inner.target().display().to_string(),
-            self.inner.generation(),
+            self.inner
+                .generation()
+                .map_or_else(|| "None".to_string(), |g| g.to_string()),
             if self.inner.is_released() {
                 "released"
             } else {

@@ -5,6 +5,7 @@ mod error;
 mod json;
 mod lease;
 mod pending;
+mod watch;
 
 use pyo3::prelude::*;
 
@@ -16,5 +17,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<lease::Lease>()?;
     m.add_class::<pending::Pending>()?;
     m.add_class::<lease::Ready>()?;
+    m.add_function(wrap_pyfunction!(watch::_watch_pause, m)?)?;
+    m.add_function(wrap_pyfunction!(watch::_watch_resume, m)?)?;
+    m.add_function(wrap_pyfunction!(watch::_watch_resume_soon, m)?)?;
+    m.add_function(wrap_pyfunction!(watch::_watch_running, m)?)?;
     Ok(())
 }

@@ -36,7 +36,8 @@ impl Pending {
 #[pymethods]
 impl Pending {
     #[new]
-    #[pyo3(signature = (target, *, timeout=Some(0.0), suffix=sidelease::DEFAULT_SUFFIX, metadata=None, allow_unsupported_fs=false, split_guard=true))]
+    #[pyo3(signature = (target, *, timeout=Some(0.0), suffix=sidelease::DEFAULT_SUFFIX, metadata=None, allow_unsupported_fs=false, split_guard=true, watch=true))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         target: PathBuf,
@@ -45,6 +46,7 @@ impl Pending {
         metadata: Option<&Bound<'_, PyAny>>,
         allow_unsupported_fs: bool,
         split_guard: bool,
+        watch: bool,
     ) -> PyResult<Self> {
         let opts = options(
             py,
@@ -53,6 +55,7 @@ impl Pending {
             metadata,
             allow_unsupported_fs,
             split_guard,
+            watch,
         )?;
         let p = CorePending::new(&target, &opts).py(py)?;
         Ok(Pending {
@@ -60,9 +63,13 @@ impl Pending {
         })
     }
 
-    /// One non-blocking attempt: a Lease, or None while someone else holds it.
+    /// One non-blocking attempt: a Lease, or None while someone else holds
+    /// it. The GIL is released meanwhile (a first look at `/proc/locks`
+    /// can take milliseconds).
     fn try_acquire(&self, py: Python<'_>) -> PyResult<Option<Lease>> {
-        self.with(py, |p| Ok(p.try_acquire().py(py)?.map(Lease::new)))
+        self.with(py, |p| {
+            Ok(py.detach(|| p.try_acquire()).py(py)?.map(Lease::new))
+        })
     }
 
     /// The descriptor that turns readable when the lease file changed, or

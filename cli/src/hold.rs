@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 
-use clap::Args;
+use clap::{Args, ValueEnum};
 use sidelease::{Error, Lease, Options, Wait};
 
 use crate::{EXIT_CONFLICT, EXIT_ERROR};
@@ -37,11 +37,28 @@ pub struct HoldArgs {
     /// Skip the split-domain guard (saves one read of /proc/locks).
     #[arg(long)]
     no_split_guard: bool,
+    /// Do not watch the lease file while holding it (no re-anchoring when
+    /// someone deletes, moves or replaces it, no lost signal).
+    #[arg(long)]
+    no_watch: bool,
+    /// What to do to the command if the lease is lost while held (its file
+    /// replaced and another process holding the new one): send it SIGTERM
+    /// (as PostgreSQL shuts down when its lock file is gone), SIGKILL, or
+    /// nothing.
+    #[arg(long, value_enum, default_value_t = OnLost::Term)]
+    on_lost: OnLost,
     /// Print nothing on success.
     #[arg(short, long)]
     quiet: bool,
     #[arg(last = true, required = true, num_args = 1..)]
     command: Vec<String>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnLost {
+    Term,
+    Kill,
+    Ignore,
 }
 
 fn options(a: &HoldArgs) -> Result<Options, Error> {
@@ -50,6 +67,7 @@ fn options(a: &HoldArgs) -> Result<Options, Error> {
         .wait(Wait::from_secs_f64(a.timeout)?)
         .allow_unsupported_fs(a.allow_unsupported_fs)
         .split_guard(!a.no_split_guard)
+        .watch(!a.no_watch)
         .runtime(format!("sidelease-cli {}", sidelease::VERSION));
     if let Some(m) = &a.metadata {
         o.metadata = Some(sidelease::record::parse_metadata(m)?);
@@ -69,7 +87,7 @@ pub fn run(a: HoldArgs) -> ExitCode {
             return ExitCode::from(EXIT_ERROR);
         }
     };
-    if !a.quiet && !lease.previous_released_cleanly() {
+    if !a.quiet && lease.previous_released_cleanly() == Some(false) {
         eprintln!(
             "sidelease: the previous holder of {} did not release it cleanly",
             lease.target().display()
@@ -85,6 +103,20 @@ pub fn run(a: HoldArgs) -> ExitCode {
 fn run_child(a: &HoldArgs, lease: &Lease) -> ExitCode {
     let child = Arc::new(Mutex::new(Forward::default()));
     let forward = forward_signals(child.clone());
+    let on_lost = a.on_lost;
+    let lost_child = child.clone();
+    let registered = lease.on_lost(move |lost| {
+        eprintln!("sidelease: {lost}");
+        match on_lost {
+            OnLost::Term => child_slot(&lost_child).send(libc::SIGTERM),
+            OnLost::Kill => child_slot(&lost_child).send(libc::SIGKILL),
+            OnLost::Ignore => {}
+        }
+    });
+    if let Err(e) = registered {
+        eprintln!("sidelease: {e}");
+        return ExitCode::from(EXIT_ERROR);
+    }
     let mut cmd = std::process::Command::new(&a.command[0]);
     cmd.args(&a.command[1..]);
     cmd.env("SIDELEASE_LEASE_PATH", lease.lease_path());

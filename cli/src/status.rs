@@ -67,7 +67,7 @@ pub fn human(i: &Inspection) -> String {
         let o: Vec<String> = i
             .orphans
             .iter()
-            .map(|o| format!("pid {} holds deleted inode {}", o.pid, o.inode))
+            .map(|o| format!("pid {} holds former lease file inode {}", o.pid, o.inode))
             .collect();
         out += &format!("  orphans:    {}\n", o.join("; "));
     }

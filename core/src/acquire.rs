@@ -5,9 +5,15 @@
 //! inotify watch that turns readable when a holder's descriptor closes) for at
 //! most `next_check`. The blocking `wait` does exactly that with `poll`, and
 //! the bindings do the same on their own event loops.
+//!
+//! The steady-state cycle on an existing lease file costs twelve system
+//! calls: `readlink` (is the target a symlink?), `open`, `readlink` of
+//! `/proc/self/fd/N` (the canonical name), `fstat`, `flock`, `lstat` (is the
+//! path still this file?), `pread`, `pwrite`, `inotify_add_watch` (the
+//! holder's watch), then at release `pwrite`, `flock(LOCK_UN)`, `close`.
 
-use std::os::fd::{AsFd, BorrowedFd, RawFd};
-use std::path::Path;
+use std::os::fd::{BorrowedFd, RawFd};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,18 +21,24 @@ use rustix::fs::{FileType, FlockOperation, Mode, OFlags};
 use rustix::io::Errno;
 
 use crate::error::{Contention, Error, Result};
-use crate::holders::{self, Orphan};
-use crate::lease::{write_line, Lease, Shared};
+use crate::guard::{self, Orphan};
+use crate::holders;
+use crate::lease::{write_padded, Anchor, Lease, Shared, SharedInit};
 use crate::options::{Options, Wait};
-use crate::path::{self, Resolved};
+use crate::path::{self, Spelled};
 use crate::platform::notify::{CancelToken, ChangeWatch};
-use crate::platform::{fskind, locks, process};
+use crate::platform::{fskind, process};
 use crate::record::{self, Content, Record};
-use crate::registry::{self, Key};
+use crate::registry::{self, Flight, Key};
+use crate::watch;
 
 /// Times the lease file may turn out replaced between open and lock before
 /// acquisition gives up.
 const MAX_REPLACED_ROUNDS: u32 = 8;
+/// How long an attempt waits for another thread's attempt on the same lease
+/// file to end (attempts never wait for other processes, so this is a
+/// bound on a `/proc` scan, not a real wait).
+const FLIGHT_BOUND: Duration = Duration::from_secs(10);
 
 /// After a close event the lock may still be in place for a moment (the
 /// event is sent before the kernel drops the lock), so retry soon a few times.
@@ -47,6 +59,9 @@ const SAFETY_RECHECK: Duration = Duration::from_millis(100);
 const POLL_MIN: Duration = Duration::from_millis(1);
 const POLL_MAX: Duration = Duration::from_millis(50);
 
+/// The default mode of a new lease file (before the umask).
+pub(crate) const CREATE_MODE: u32 = 0o644;
+
 /// The lease file opened by this attempt, listed for the fork handler.
 struct OpenFile {
     fd: RawFd,
@@ -54,6 +69,9 @@ struct OpenFile {
     key: Key,
     writable: bool,
     epoch: u64,
+    /// The canonical lease path, from the kernel.
+    canon: PathBuf,
+    size: usize,
 }
 
 impl OpenFile {
@@ -62,11 +80,19 @@ impl OpenFile {
         unsafe { BorrowedFd::borrow_raw(self.fd) }
     }
 
-    /// Hand the descriptor on to a held lease.
-    fn into_parts(self) -> (RawFd, u32) {
-        let parts = (self.fd, self.slot);
+    /// Hand the descriptor on to a held lease (and the canonical path out).
+    fn into_anchor(mut self, line: Vec<u8>, len: usize) -> (Anchor, PathBuf) {
+        let canon = std::mem::take(&mut self.canon);
+        let a = Anchor {
+            fd: self.fd,
+            slot: self.slot,
+            key: self.key,
+            writable: self.writable,
+            line,
+            len,
+        };
         std::mem::forget(self);
-        parts
+        (a, canon)
     }
 }
 
@@ -75,87 +101,105 @@ impl Drop for OpenFile {
         if self.epoch != registry::epoch() {
             return; // forked child: the fork handler closed it
         }
-        if registry::get().lock().release_slot(self.slot, self.fd) {
-            // SAFETY: ours, closed once.
-            unsafe { libc::close(self.fd) };
-        }
+        registry::close_listed(self.fd, self.slot);
     }
+}
+
+/// What one open of the lease path gave.
+enum Opened {
+    File(OpenFile),
+    /// Renamed or unlinked between the open and the look at it: open again.
+    Moved,
 }
 
 /// One acquisition in progress.
 pub struct Pending {
-    req: Resolved,
+    spelled: Spelled,
     opts: Options,
+    id: u64,
     open: Option<OpenFile>,
     watch: Option<ChangeWatch>,
     orphan: Option<Orphan>,
     started: Instant,
     hot: usize,
     poll_backoff: Duration,
-    fs_checked: bool,
 }
 
 impl Pending {
-    /// Validate the request, resolve the lease path and check its filesystem.
+    /// Validate the request and spell the lease path.
     pub fn new(target: &Path, options: &Options) -> Result<Pending> {
         options.validate()?;
-        let req = path::resolve(target, &options.suffix)?;
+        let spelled = path::spell(target, &options.suffix)?;
         Ok(Pending {
-            req,
+            spelled,
             opts: options.clone(),
+            id: registry::attempt_id(),
             open: None,
             watch: None,
             orphan: None,
             started: Instant::now(),
             hot: HOT_RETRIES.len(),
             poll_backoff: POLL_MIN,
-            fs_checked: false,
         })
     }
 
+    /// The lease file's path (canonical once it was opened).
     pub fn lease_path(&self) -> &Path {
-        &self.req.lease_path
+        match &self.open {
+            Some(of) => &of.canon,
+            None => &self.spelled.lease,
+        }
     }
 
-    pub fn target(&self) -> &Path {
-        &self.req.target
+    /// The path the caller protects.
+    pub fn target(&self) -> PathBuf {
+        path::target_of(self.lease_path(), &self.opts.suffix)
     }
 
     /// One non-blocking attempt. `Ok(None)`: someone else holds the lease.
     pub fn try_acquire(&mut self) -> Result<Option<Lease>> {
         let mut rounds = 0;
-        let mut registry_rechecked = false;
+        let mut rechecked = false;
         let mut spins = 0;
         loop {
             if self.open.is_none() {
                 if let Some(lease) = self.share_by_path()? {
                     return Ok(Some(lease));
                 }
-                if !self.fs_checked {
-                    // Checked before the first open; a lease this process
-                    // holds already passed the check.
-                    let dir = self.req.lease_path.parent().unwrap_or(Path::new("/"));
-                    fskind::check_dir(dir, self.opts.allow_unsupported_fs)?;
-                    self.fs_checked = true;
+                match self.open_file()? {
+                    Opened::File(of) => self.open = Some(of),
+                    Opened::Moved => {
+                        rounds += 1;
+                        self.replaced_too_often(rounds)?;
+                        continue;
+                    }
                 }
-                self.open = Some(self.open_file()?);
             }
             let Some(of) = self.open.as_ref() else {
                 continue;
             };
             let key = of.key;
+            let deadline = Instant::now() + FLIGHT_BOUND;
+            let flight = match Flight::claim(&of.canon, self.id, deadline, |g| g.share(key)) {
+                Ok(f) => f,
+                Err(Some(shared)) => {
+                    self.open = None;
+                    return Ok(Some(Lease::from_shared(shared)));
+                }
+                Err(None) => return Ok(None),
+            };
             match rustix::fs::flock(of.fd(), FlockOperation::NonBlockingLockExclusive) {
                 Ok(()) => {}
                 Err(Errno::WOULDBLOCK) | Err(Errno::INTR) => {
+                    drop(flight);
                     // Another thread of this process may have just won it.
-                    let shared = registry::get().lock().share(key);
-                    if let Some(s) = shared {
+                    if let Some(s) = registry::get().lock().share(key) {
                         self.open = None;
                         return Ok(Some(Lease::from_shared(s)));
                     }
-                    if !registry_rechecked {
+                    if !rechecked {
                         // ...or just released it: look once more.
-                        registry_rechecked = true;
+                        rechecked = true;
                         continue;
                     }
                     self.orphan = None;
@@ -171,51 +215,87 @@ impl Pending {
                     }
                     return Ok(None);
                 }
-                Err(e) => return Err(Error::io("flock", &self.req.lease_path, e)),
+                Err(e) => return Err(Error::io("flock", &of.canon, e)),
             }
+            // Watch before the identity check: a replacement after the check
+            // is then an event for the holder's watch.
+            let ticket = if self.opts.watch {
+                watch::begin(of.fd())
+            } else {
+                None
+            };
             // Locked: does the path still name this inode?
-            match rustix::fs::lstat(&self.req.lease_path) {
+            match rustix::fs::lstat(&of.canon) {
                 Ok(st) if (st.st_dev, st.st_ino) == key && st.st_nlink > 0 => {}
                 Ok(_) | Err(Errno::NOENT) => {
+                    drop(flight);
                     self.open = None; // closing drops the lock on the stale inode
                     rounds += 1;
-                    if rounds >= MAX_REPLACED_ROUNDS {
-                        return Err(Error::io(
-                            "open",
-                            &self.req.lease_path,
-                            std::io::Error::other(format!(
-                                "the lease file was replaced {rounds} times while being locked"
-                            )),
-                        ));
-                    }
+                    self.replaced_too_often(rounds)?;
                     continue;
                 }
-                Err(e) => return Err(Error::io("lstat", &self.req.lease_path, e)),
+                Err(e) => return Err(Error::io("lstat", &of.canon, e)),
             }
-            let bytes = read_capped(of.fd(), &self.req.lease_path)?;
+            let bytes = process::read_at_most(of.fd(), of.size, record::RECORD_MAX_BYTES)
+                .map_err(|e| Error::io("pread", &of.canon, e))?;
             let previous = if bytes.len() > record::RECORD_MAX_BYTES {
                 Content::Unreadable
             } else {
                 Content::parse(&bytes)
             };
-            if self.opts.split_guard && !vouched_for(&previous, key) {
-                if let Some(orphan) = self.find_orphan(key)? {
-                    // Keep the descriptor (no close event for our own watch);
-                    // unlock it so nobody waits on us.
+            let vouched = vouched_for(&previous, key);
+            let dir = self.dir_identity(&previous, key, vouched)?;
+            let split_checked = if !self.opts.split_guard {
+                false
+            } else if vouched {
+                true
+            } else {
+                let me = guard::Me {
+                    lease_path: &of.canon,
+                    name: &self.spelled.name,
+                    dir,
+                };
+                let outcome = guard::check(of.fd(), &me)?;
+                if let Some(orphan) = outcome.orphan {
+                    // Keep the descriptor (no close event for our own
+                    // watch); unlock it so nobody waits on us.
                     let _ = rustix::fs::flock(of.fd(), FlockOperation::Unlock);
+                    drop(flight);
                     self.orphan = Some(orphan);
                     self.arm_watch(key);
                     return Ok(None);
                 }
+                outcome.complete
+            };
+            let lease = self.complete(previous, &bytes, dir, split_checked, flight)?;
+            if let Some(t) = ticket {
+                watch::attach(t, &lease.shared_arc());
             }
-            return self.complete(previous, &bytes).map(Some);
+            return Ok(Some(lease));
         }
     }
 
+    fn replaced_too_often(&self, rounds: u32) -> Result<()> {
+        if rounds >= MAX_REPLACED_ROUNDS {
+            return Err(Error::io(
+                "open",
+                self.lease_path(),
+                std::io::Error::other(format!(
+                    "the lease file was replaced {rounds} times while being locked"
+                )),
+            ));
+        }
+        Ok(())
+    }
+
     /// The registry path: a lease this process holds is shared without
-    /// opening anything.
+    /// opening anything (and without even a `stat` when it holds none).
     fn share_by_path(&self) -> Result<Option<Lease>> {
-        let path = &self.req.lease_path;
+        let reg = registry::get();
+        if !reg.lock().holds_any() {
+            return Ok(None);
+        }
+        let path = &self.spelled.lease;
         match rustix::fs::lstat(path) {
             Ok(st) => {
                 match FileType::from_raw_mode(st.st_mode) {
@@ -225,7 +305,7 @@ impl Pending {
                     }
                     _ => {}
                 }
-                Ok(registry::get()
+                Ok(reg
                     .lock()
                     .share((st.st_dev, st.st_ino))
                     .map(Lease::from_shared))
@@ -235,47 +315,109 @@ impl Pending {
         }
     }
 
-    fn open_file(&self) -> Result<OpenFile> {
-        let path = &self.req.lease_path;
+    fn open_file(&self) -> Result<Opened> {
+        let path = &self.spelled.lease;
         let base = OFlags::CLOEXEC | OFlags::NOFOLLOW | OFlags::NOCTTY;
-        let mode = Mode::from_raw_mode(0o644);
-        let (fd, writable) =
-            match rustix::fs::open(path, base | OFlags::RDWR | OFlags::CREATE, mode) {
-                Ok(fd) => (fd, true),
-                // An existing file on a read-only mount, or not ours to write:
-                // the lock still works read-only, the record is not written.
-                Err(e @ (Errno::ACCESS | Errno::ROFS | Errno::PERM)) => {
-                    match rustix::fs::open(path, base | OFlags::RDONLY, Mode::empty()) {
-                        Ok(fd) => (fd, false),
-                        Err(Errno::NOENT) => return Err(Error::io("open", path, e)),
-                        Err(e2) => return Err(open_error(path, e2)),
+        let open = |flags: OFlags, mode: u32| {
+            registry::open_listed(|| Ok(rustix::fs::open(path, flags, Mode::from_raw_mode(mode))?))
+        };
+        let (fd, slot, writable) = match open(base | OFlags::RDWR, 0) {
+            Ok(r) => {
+                let (fd, slot) = r?;
+                (fd, slot, true)
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                // A new lease file: check the filesystem before creating it.
+                let dir = path::parent_of(path);
+                fskind::check_dir(dir, self.opts.allow_unsupported_fs)?;
+                match open(base | OFlags::RDWR | OFlags::CREATE, CREATE_MODE) {
+                    Ok(r) => {
+                        let (fd, slot) = r?;
+                        (fd, slot, true)
                     }
+                    Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                        // Never create directories: name the missing one
+                        // (or the file, on a filesystem that refuses it).
+                        let at = if rustix::fs::stat(dir).is_ok() {
+                            path
+                        } else {
+                            dir
+                        };
+                        return Err(Error::io("open", at, e));
+                    }
+                    Err(e) => return Err(open_error(path, e)),
                 }
-                Err(e) => return Err(open_error(path, e)),
-            };
-        let st = rustix::fs::fstat(&fd).map_err(|e| Error::io("fstat", path, e))?;
+            }
+            // An existing file on a read-only mount, or not ours to write:
+            // the lock still works read-only, the record is not written.
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EACCES) | Some(libc::EROFS) | Some(libc::EPERM)
+                ) =>
+            {
+                match open(base | OFlags::RDONLY, 0) {
+                    Ok(r) => {
+                        let (fd, slot) = r?;
+                        (fd, slot, false)
+                    }
+                    Err(e2) if e2.raw_os_error() == Some(libc::ENOENT) => {
+                        return Err(open_error(path, e));
+                    }
+                    Err(e2) => return Err(open_error(path, e2)),
+                }
+            }
+            Err(e) => return Err(open_error(path, e)),
+        };
+        let mut of = OpenFile {
+            fd,
+            slot,
+            key: (0, 0),
+            writable,
+            epoch: registry::epoch(),
+            canon: PathBuf::new(),
+            size: 0,
+        };
+        let Some(canon) = path::canonical_from_fd(of.fd(), &self.spelled) else {
+            return Ok(Opened::Moved);
+        };
+        let st = rustix::fs::fstat(of.fd()).map_err(|e| Error::io("fstat", &canon, e))?;
         if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
             return Err(Error::io(
                 "open",
-                path,
+                &canon,
                 std::io::Error::other("the lease file is not a regular file"),
             ));
         }
-        let raw = std::os::fd::IntoRawFd::into_raw_fd(fd);
-        let slot = match registry::get().lock().claim_slot(raw) {
-            Ok(s) => s,
-            Err(e) => {
-                unsafe { libc::close(raw) };
-                return Err(e);
-            }
+        if st.st_nlink == 0 {
+            return Ok(Opened::Moved);
+        }
+        fskind::check_fd(of.fd(), st.st_dev, &canon, self.opts.allow_unsupported_fs)?;
+        of.key = (st.st_dev, st.st_ino);
+        of.canon = canon;
+        of.size = st.st_size.max(0) as usize;
+        Ok(Opened::File(of))
+    }
+
+    /// The lease file's directory as (device, inode): copied from the
+    /// previous record when it was written for this very file at this very
+    /// path (no `stat` in the steady state), otherwise looked up.
+    fn dir_identity(&self, previous: &Content, key: Key, vouched: bool) -> Result<(u64, u64)> {
+        let Some(of) = self.open.as_ref() else {
+            return Err(Error::invalid("lease", "no open lease file"));
         };
-        Ok(OpenFile {
-            fd: raw,
-            slot,
-            key: (st.st_dev, st.st_ino),
-            writable,
-            epoch: registry::epoch(),
-        })
+        if let Content::Record(r) = previous {
+            if vouched || (r.device, r.inode) == (Some(key.0), Some(key.1)) {
+                if let (Some(d), Some(i), Some(lp)) = (r.dir_device, r.dir_inode, &r.lease_path) {
+                    if Path::new(lp) == of.canon {
+                        return Ok((d, i));
+                    }
+                }
+            }
+        }
+        let dir = path::parent_of(&of.canon);
+        let st = rustix::fs::stat(dir).map_err(|e| Error::io("stat", dir, e))?;
+        Ok((st.st_dev, st.st_ino))
     }
 
     /// Watch the lease file for a holder's close. Returns true when a new
@@ -284,84 +426,98 @@ impl Pending {
         if self.opts.wait == Wait::NoWait {
             return false;
         }
+        let path = match &self.open {
+            Some(of) => of.canon.clone(),
+            None => self.spelled.lease.clone(),
+        };
         let watch = self.watch.get_or_insert_with(ChangeWatch::new);
         let before = watch.fd().is_some();
-        watch.arm(&self.req.lease_path, key);
+        watch.arm(&path, key);
         !before && watch.fd().is_some()
     }
 
-    fn find_orphan(&self, key: Key) -> Result<Option<Orphan>> {
-        let (dev, ino) = key;
-        let locks = locks::flock_locks_on(rustix::fs::major(dev), rustix::fs::minor(dev))
-            .map_err(|e| Error::io("read", Path::new("/proc/locks"), e))?;
-        if !locks.iter().any(|l| l.ino != ino && l.exclusive) {
-            return Ok(None);
-        }
-        let scan = holders::split_scan(&self.req.lease_path, dev, Some(ino), &locks, true);
-        Ok(scan.orphans.into_iter().next())
-    }
-
-    /// Locked and verified: read the previous record, write ours, register.
-    fn complete(&mut self, previous: Content, bytes: &[u8]) -> Result<Lease> {
-        let Some(of) = self.open.as_ref() else {
-            return Err(Error::invalid("lease", "no open lease file"));
-        };
-        let generation = match &previous {
-            Content::Record(r) => r.generation.unwrap_or(0),
-            Content::Empty => 0,
-            Content::Unreadable => salvage_generation(bytes),
-        } + 1;
-        let rec = self.new_record(generation, of.key)?;
-        let line = rec.to_line();
-        if of.writable {
-            write_line(of.fd, &self.req.lease_path, &line)?;
-        }
+    /// Locked and verified: write our record, register, return the handle.
+    fn complete(
+        &mut self,
+        previous: Content,
+        bytes: &[u8],
+        dir: (u64, u64),
+        split_checked: bool,
+        flight: Flight,
+    ) -> Result<Lease> {
         let of = self
             .open
             .take()
             .ok_or_else(|| Error::invalid("lease", "no open lease file"))?;
-        let (key, writable, epoch) = (of.key, of.writable, of.epoch);
-        let (fd, slot) = of.into_parts();
-        let shared = Arc::new(Shared {
-            fd,
-            slot,
-            key,
-            epoch,
-            writable,
-            target: self.req.target.clone(),
-            lease_path: self.req.lease_path.clone(),
+        let generation = if of.writable {
+            Some(next_generation(&previous, bytes, &of.canon)?)
+        } else {
+            None
+        };
+        let rec = self.new_record(&of, generation, dir, split_checked)?;
+        let line = rec.to_line();
+        let len = if of.writable {
+            match write_padded(of.fd(), &of.canon, &line, bytes.len()) {
+                Ok(n) => n,
+                Err(e) => {
+                    let _ = rustix::fs::flock(of.fd(), FlockOperation::Unlock);
+                    return Err(e);
+                }
+            }
+        } else {
+            bytes.len()
+        };
+        let key = of.key;
+        let (anchor, canon) = of.into_anchor(line, len);
+        let shared = Arc::new(Shared::new(SharedInit {
+            target: path::target_of(&canon, &self.opts.suffix),
+            lease_path: canon,
             record: rec,
-            line,
             previous,
-        });
-        registry::get().lock().insert(key, shared.clone());
+            create_mode: CREATE_MODE,
+            anchor,
+        }));
+        let reg = registry::get();
+        let mut g = reg.lock();
+        g.insert(key, shared.clone());
+        flight.end_locked(&mut g);
+        drop(g);
         Ok(Lease::from_shared(shared))
     }
 
-    fn new_record(&self, generation: u64, (dev, ino): Key) -> Result<Record> {
+    fn new_record(
+        &self,
+        of: &OpenFile,
+        generation: Option<u64>,
+        dir: (u64, u64),
+        split_checked: bool,
+    ) -> Result<Record> {
         let me = process::current();
-        let mut nonce = [0u8; 16];
-        rustix::rand::getrandom(&mut nonce, rustix::rand::GetRandomFlags::empty())
+        let nonce = crate::nonce::fresh_hex()
             .map_err(|e| Error::io("getrandom", Path::new("/dev/urandom"), e))?;
+        let target = path::target_of(&of.canon, &self.opts.suffix);
         Ok(Record {
             schema: Some(record::SCHEMA),
-            generation: Some(generation),
+            generation,
             pid: Some(me.pid),
             host: me.host.clone(),
             started_at: Some(record::now_rfc3339()),
-            target: Some(self.req.target.to_string_lossy().into_owned()),
-            lease_path: Some(self.req.lease_path.to_string_lossy().into_owned()),
-            nonce: Some(hex(&nonce)),
+            target: Some(target.to_string_lossy().into_owned()),
+            lease_path: Some(of.canon.to_string_lossy().into_owned()),
+            nonce: Some(nonce),
             boot_id: me.boot_id.clone(),
             machine_id: me.machine_id.clone(),
             pid_ns: me.pid_ns,
             proc_start: me.proc_start,
             runtime: Some(self.opts.runtime.clone().unwrap_or_else(|| "rust".into())),
-            library: Some(concat!("sidelease ", env!("CARGO_PKG_VERSION")).into()),
+            library: Some(crate::LIBRARY.into()),
             metadata: self.opts.metadata.clone(),
-            device: Some(dev),
-            inode: Some(ino),
-            split_checked: Some(self.opts.split_guard),
+            device: Some(of.key.0),
+            inode: Some(of.key.1),
+            split_checked: Some(split_checked),
+            dir_device: Some(dir.0),
+            dir_inode: Some(dir.1),
+            file_name: Some(self.spelled.name.to_string_lossy().into_owned()),
             released_at: None,
         })
     }
@@ -413,23 +569,22 @@ impl Pending {
 
     fn contention(&self) -> Contention {
         let mut c = Contention {
-            target: self.req.target.clone(),
-            lease_path: self.req.lease_path.clone(),
+            target: self.target(),
+            lease_path: self.lease_path().to_path_buf(),
             holder: None,
             holders: Vec::new(),
             waited: self.started.elapsed(),
         };
         if let Some(orphan) = &self.orphan {
-            c.holder = holders::orphan_record(orphan);
+            c.holder = orphan.record.clone();
             c.holders = vec![orphan.pid];
             return c;
         }
         if let Some(of) = &self.open {
-            let (dev, ino) = of.key;
-            if let Ok(bytes) = read_capped(of.fd(), &self.req.lease_path) {
+            if let Ok(bytes) = process::read_at_most(of.fd(), of.size, record::RECORD_MAX_BYTES) {
                 c.holder = Content::parse(&bytes).record().cloned();
             }
-            c.holders = holders::holders_of(dev, ino, c.holder.as_ref().and_then(|r| r.pid));
+            c.holders = holders::holders_of(of.fd(), c.holder.as_ref().and_then(|r| r.pid));
         }
         c
     }
@@ -454,6 +609,13 @@ impl Pending {
     pub fn wait(mut self, cancel: Option<&CancelToken>) -> Result<Lease> {
         let deadline = self.deadline();
         loop {
+            if let Some(c) = cancel {
+                if c.is_cancelled() {
+                    return Err(Error::Cancelled {
+                        lease_path: self.lease_path().to_path_buf(),
+                    });
+                }
+            }
             if let Some(lease) = self.try_acquire()? {
                 return Ok(lease);
             }
@@ -491,39 +653,56 @@ impl Pending {
         }
         match poll(&mut fds, Some(&ts)) {
             Ok(_) | Err(Errno::INTR) => {}
-            Err(e) => return Err(Error::io("poll", &self.req.lease_path, e)),
+            Err(e) => return Err(Error::io("poll", self.lease_path(), e)),
         }
         if cancel.is_some() && fds.last().is_some_and(|f| !f.revents().is_empty()) {
             return Err(Error::Cancelled {
-                lease_path: self.req.lease_path.clone(),
+                lease_path: self.lease_path().to_path_buf(),
             });
         }
         Ok(watch.is_some() && !fds[0].revents().is_empty())
     }
 }
 
-/// Can the split guard's read of `/proc/locks` be skipped? Yes when the
-/// previous record was written by a holder of this very inode whose own
-/// acquisition was split-checked. An orphan (a live holder of a deleted
-/// former inode) can only exist if the file at the path was deleted or
-/// replaced while held, and then the path names a new inode whose first
-/// holder has no such record and runs the guard; by induction every later
-/// holder of the same inode may trust the chain. The read matters: it takes
-/// the kernel's global file-lock rwsem for writing, which costs an RCU grace
-/// period (milliseconds) whenever it has not been taken recently.
+/// Can the split guard be skipped? Yes when the previous record was written
+/// by a holder of this very inode whose own acquisition was split-checked by
+/// a complete check. An orphan (a live holder of a former inode) can only
+/// exist if the file at the path was deleted or replaced while held, and
+/// then the path names a new inode whose first holder has no such record and
+/// runs the guard; by induction every later holder of the same inode may
+/// trust the chain. A blind check (a child PID namespace, locks of other
+/// users) writes `split_checked: false`, so it never vouches. The read
+/// matters: `/proc/locks` takes the kernel's global file-lock rwsem for
+/// writing, which costs an RCU grace period (milliseconds) whenever it has
+/// not been taken recently.
 fn vouched_for(previous: &Content, (dev, ino): Key) -> bool {
     matches!(previous, Content::Record(r)
         if r.inode == Some(ino) && r.device == Some(dev) && r.split_checked == Some(true))
 }
 
-fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push(DIGITS[(b >> 4) as usize] as char);
-        s.push(DIGITS[(b & 15) as usize] as char);
-    }
-    s
+/// One more than the previous holder's generation; a generation that cannot
+/// grow refuses the lease rather than wrapping (the fencing token would
+/// repeat).
+fn next_generation(previous: &Content, bytes: &[u8], path: &Path) -> Result<u64> {
+    let prev = match previous {
+        Content::Record(r) => Some(r.generation.unwrap_or(0)),
+        Content::Empty => Some(0),
+        Content::Unreadable => salvage_generation(bytes),
+    };
+    prev.and_then(|g| g.checked_add(1)).ok_or_else(|| {
+        Error::io(
+            "pwrite",
+            path,
+            std::io::Error::other(format!(
+                "the previous holder's generation cannot grow ({}); the fencing token would \
+                 repeat, so the lease is refused: an operator must reset the lease file",
+                match prev {
+                    Some(g) => g.to_string(),
+                    None => "it does not fit in 64 bits".into(),
+                }
+            )),
+        )
+    })
 }
 
 fn symlink_error(path: &Path) -> Error {
@@ -532,47 +711,25 @@ fn symlink_error(path: &Path) -> Error {
         path,
         std::io::Error::other(format!(
             "the lease file is a symlink; refusing to follow it ({})",
-            std::io::Error::from_raw_os_error(libc::ELOOP)
+            crate::error::os_message(&std::io::Error::from_raw_os_error(libc::ELOOP))
         )),
     )
 }
 
-fn open_error(path: &Path, e: Errno) -> Error {
-    match e {
-        Errno::LOOP => symlink_error(path),
-        e => Error::io("open", path, e),
+fn open_error(path: &Path, e: std::io::Error) -> Error {
+    match e.raw_os_error() {
+        Some(libc::ELOOP) => symlink_error(path),
+        _ => Error::io("open", path, e),
     }
-}
-
-/// Read the lease file from offset 0, at most one byte past the record limit
-/// (so an oversized file is seen as such).
-pub(crate) fn read_capped(fd: BorrowedFd<'_>, path: &Path) -> Result<Vec<u8>> {
-    let mut buf = vec![0u8; 4096];
-    let mut len = 0;
-    loop {
-        if len == buf.len() {
-            if len > record::RECORD_MAX_BYTES {
-                break;
-            }
-            buf.resize(len * 2, 0);
-        }
-        match rustix::io::pread(fd.as_fd(), &mut buf[len..], len as u64) {
-            Ok(0) => break,
-            Ok(n) => len += n,
-            Err(Errno::INTR) => continue,
-            Err(e) => return Err(Error::io("pread", path, e)),
-        }
-    }
-    buf.truncate(len);
-    Ok(buf)
 }
 
 /// The largest `"generation":N` in bytes that are not a valid record (a
 /// record torn by a crash keeps the new generation at its head), so the
-/// fencing token keeps growing across a corrupted record.
-fn salvage_generation(bytes: &[u8]) -> u64 {
+/// fencing token keeps growing across a corrupted record. `None` when a
+/// generation there does not fit in 64 bits.
+fn salvage_generation(bytes: &[u8]) -> Option<u64> {
     const KEY: &[u8] = b"\"generation\":";
-    let mut best = 0;
+    let mut best = 0u64;
     let mut i = 0;
     while let Some(pos) = bytes[i..].windows(KEY.len()).position(|w| w == KEY) {
         let start = i + pos + KEY.len();
@@ -582,33 +739,48 @@ fn salvage_generation(bytes: &[u8]) -> u64 {
             .skip_while(|b| *b == b' ')
             .take_while(u8::is_ascii_digit)
             .collect();
-        if let Some(n) = std::str::from_utf8(&digits)
-            .ok()
-            .and_then(|s| s.parse().ok())
-        {
+        if !digits.is_empty() {
+            let n: u64 = std::str::from_utf8(&digits).ok()?.parse().ok()?;
             best = best.max(n);
         }
         i = start;
     }
-    best
+    Some(best)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::salvage_generation;
+    use super::*;
 
     #[test]
     fn generation_survives_a_torn_record() {
-        assert_eq!(salvage_generation(b"garbage"), 0);
+        assert_eq!(salvage_generation(b"garbage"), Some(0));
         assert_eq!(
             salvage_generation(
                 b"{\"schema\":1,\"generation\":18,\"pid\":2}\n\"generation\":17,\"pi"
             ),
-            18
+            Some(18)
         );
         assert_eq!(
             salvage_generation(b"\"generation\": 99999999999999999999999"),
-            0
+            None
         );
+    }
+
+    #[test]
+    fn generation_never_wraps() {
+        let p = Path::new("/x");
+        let max =
+            Content::parse(format!("{{\"schema\":1,\"generation\":{}}}", u64::MAX).as_bytes());
+        let e = next_generation(&max, b"", p).unwrap_err();
+        assert!(e.to_string().contains("cannot grow"), "{e}");
+        let e = next_generation(
+            &Content::Unreadable,
+            b"\"generation\":99999999999999999999999",
+            p,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("64 bits"), "{e}");
+        assert_eq!(next_generation(&Content::Empty, b"", p).unwrap(), 1);
     }
 }

@@ -49,6 +49,31 @@ pub enum Error {
     },
     /// The wait was cancelled through its [`crate::CancelToken`].
     Cancelled { lease_path: PathBuf },
+    /// A held lease was lost (see [`crate::Lease::ensure_held`]): its file
+    /// was replaced or deleted and another process holds the lease file now,
+    /// or it could not be put back.
+    Lost(Box<Lost>),
+}
+
+/// Why a held lease is no longer whole.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lost {
+    pub lease_path: PathBuf,
+    /// What happened, naming the other holder when there is one.
+    pub reason: String,
+    /// PIDs the kernel reports as holding the lease file now.
+    pub holders: Vec<u32>,
+}
+
+impl fmt::Display for Lost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the lease {} was lost: {}",
+            self.lease_path.display(),
+            self.reason
+        )
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -62,6 +87,7 @@ pub enum ErrorKind {
     InvalidArgument,
     Io,
     Cancelled,
+    Lost,
 }
 
 impl ErrorKind {
@@ -74,6 +100,7 @@ impl ErrorKind {
             ErrorKind::InvalidArgument => "invalid_argument",
             ErrorKind::Io => "io",
             ErrorKind::Cancelled => "cancelled",
+            ErrorKind::Lost => "lost",
         }
     }
 }
@@ -87,6 +114,7 @@ impl Error {
             Error::InvalidArgument { .. } => ErrorKind::InvalidArgument,
             Error::Io { .. } => ErrorKind::Io,
             Error::Cancelled { .. } => ErrorKind::Cancelled,
+            Error::Lost(_) => ErrorKind::Lost,
         }
     }
 
@@ -181,11 +209,24 @@ impl fmt::Display for Error {
                 syscall,
                 path,
                 source,
-            } => write!(f, "{syscall} {}: {source}", path.display()),
+            } => write!(f, "{syscall} {}: {}", path.display(), os_message(source)),
             Error::Cancelled { lease_path } => {
                 write!(f, "wait for {} was cancelled", lease_path.display())
             }
+            Error::Lost(l) => l.fmt(f),
         }
+    }
+}
+
+/// The system's text for an OS error, without Rust's "(os error N)" tail.
+pub fn os_message(e: &io::Error) -> String {
+    match e.raw_os_error() {
+        Some(code) => {
+            let text = e.to_string();
+            let tail = format!(" (os error {code})");
+            text.strip_suffix(&tail).unwrap_or(&text).to_owned()
+        }
+        None => e.to_string(),
     }
 }
 

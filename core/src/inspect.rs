@@ -1,28 +1,36 @@
 //! The identity probe (DESIGN §7): who holds a lease, from the kernel, and
-//! what the holder record is worth. Never takes, blocks or disturbs the lock.
+//! what the holder record is worth. Never takes, blocks or disturbs the lock;
+//! every judgement needs evidence, and "cannot tell" is an answer.
 
+use std::ffi::OsString;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 
 use rustix::fs::{FileType, Mode, OFlags};
 use rustix::io::Errno;
 use serde::Serialize;
 
-use crate::acquire::read_capped;
 use crate::error::{Error, Result};
-use crate::holders::{self, Orphan};
+use crate::guard::{self, Orphan};
+use crate::holders;
 use crate::options::Options;
 use crate::path;
-use crate::platform::{locks, process};
-use crate::record::{Content, Record};
+use crate::platform::locks;
+use crate::platform::process::{self, FdScan, KernelKey};
+use crate::record::{self, Content, Record};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum State {
     Free,
     Held,
-    /// A live process still holds a deleted former lease inode.
+    /// A live process still holds a former lease file (deleted, moved away,
+    /// or reached through another mount) and does not hold the current one.
     Split,
-    /// The platform gives no kernel view.
+    /// No kernel view, or this reader cannot see the locks that matter (a
+    /// child PID namespace with no visible lock and a record naming an
+    /// unreleased holder outside it).
     Unknown,
 }
 
@@ -31,7 +39,7 @@ pub enum State {
 #[serde(rename_all = "kebab-case")]
 pub enum RecordStatus {
     /// Its process exists with the same boot, namespace and start time and
-    /// holds the lock.
+    /// holds the lock (or a former lease file of this lease).
     Live,
     /// This process holds it.
     #[serde(rename = "self")]
@@ -47,6 +55,9 @@ pub enum RecordStatus {
     Foreign,
     Empty,
     Unreadable,
+    /// The record lacks what a judgement needs (no PID, no start time), or
+    /// the kernel view is missing: cannot tell.
+    Unknown,
 }
 
 impl State {
@@ -71,11 +82,12 @@ impl RecordStatus {
             RecordStatus::Foreign => "foreign",
             RecordStatus::Empty => "empty",
             RecordStatus::Unreadable => "unreadable",
+            RecordStatus::Unknown => "unknown",
         }
     }
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
 pub struct Inspection {
     pub target: PathBuf,
     pub lease_path: PathBuf,
@@ -88,64 +100,115 @@ pub struct Inspection {
 }
 
 impl Inspection {
+    /// The inspection as one JSON object. Paths that are not UTF-8 keep
+    /// their bytes as `\udcXX` escapes (see [`record::json_path`]), so the
+    /// document is complete for any path.
     pub fn to_json(&self) -> String {
-        serde_json::to_string(self).unwrap_or_default()
+        let value = |v: serde_json::Result<String>| v.unwrap_or_else(|_| "null".into());
+        format!(
+            "{{\"target\":{},\"lease_path\":{},\"state\":\"{}\",\"holders\":{},\"record\":{},\
+             \"record_status\":\"{}\",\"orphans\":{},\"unattributed\":{}}}",
+            record::json_path(self.target.as_os_str().as_bytes()),
+            record::json_path(self.lease_path.as_os_str().as_bytes()),
+            self.state.as_str(),
+            value(serde_json::to_string(&self.holders)),
+            value(serde_json::to_string(&self.record)),
+            self.record_status.as_str(),
+            value(serde_json::to_string(&self.orphans)),
+            self.unattributed,
+        )
     }
+}
+
+/// The lease file as inspect found it.
+struct Found {
+    content: Content,
+    /// `stat` identity, or `None` when there is no lease file.
+    key: Option<(u64, u64)>,
+    kernel_dev: Option<(u32, u32)>,
+    lease_path: PathBuf,
 }
 
 /// Inspect the lease of `target` (only `options.suffix` is used).
 pub fn inspect(target: impl AsRef<Path>, options: &Options) -> Result<Inspection> {
     options.validate()?;
-    let req = path::resolve(target.as_ref(), &options.suffix)?;
-    let lp = &req.lease_path;
-    let (content, current) = read_lease_file(lp)?;
-    let dev = match current {
-        Some((dev, _)) => dev,
-        None => {
-            let dir = lp.parent().unwrap_or(Path::new("/"));
-            rustix::fs::stat(dir)
-                .map_err(|e| Error::io("stat", dir, e))?
-                .st_dev
-        }
-    };
+    let spelled = path::spell(target.as_ref(), &options.suffix)?;
+    let found = read_lease_file(&spelled)?;
+    let lp = &found.lease_path;
+    let dir_path = path::parent_of(lp);
+    let dir = rustix::fs::stat(dir_path).map_err(|e| Error::io("stat", dir_path, e))?;
+    let me = process::current();
     let mut out = Inspection {
-        target: req.target.clone(),
+        target: path::target_of(lp, &options.suffix),
         lease_path: lp.clone(),
         state: State::Unknown,
         holders: Vec::new(),
-        record: content.record().cloned(),
-        record_status: RecordStatus::Empty,
+        record: found.content.record().cloned(),
+        record_status: RecordStatus::Unknown,
         orphans: Vec::new(),
         unattributed: 0,
     };
-    let Ok(locks) = locks::flock_locks_on(rustix::fs::major(dev), rustix::fs::minor(dev)) else {
-        out.record_status = judge(&content, None);
+    let kernel = found
+        .kernel_dev
+        .and_then(|(ma, mi)| locks::flock_locks_on(ma, mi).ok().map(|l| (ma, mi, l)));
+    let Some((major, minor, all)) = kernel else {
+        out.record_status = judge(&found.content, None, &[]);
         return Ok(out);
     };
-    if let Some((dev, ino)) = current {
-        out.holders = holders::kernel_holders(dev, ino, &locks);
+    if let Some((_, ino)) = found.key {
+        out.holders = holders::kernel_holders(KernelKey { major, minor, ino }, &all);
     }
-    let scan = holders::split_scan(lp, dev, current.map(|c| c.1), &locks, false);
+    let scan = guard::scan(
+        major,
+        minor,
+        found.key.map(|k| k.1),
+        &guard::Me {
+            lease_path: lp,
+            name: &spelled.name,
+            dir: (dir.st_dev, dir.st_ino),
+        },
+        false,
+    );
     out.orphans = scan.orphans;
     out.unattributed = scan.unattributed;
-    out.state = if !out.orphans.is_empty() {
+    let unreleased_elsewhere = matches!(&found.content, Content::Record(r)
+        if r.released_at.is_none() && r.pid_ns.is_some() && r.pid_ns != me.pid_ns);
+    out.state = if out.orphans.iter().any(|o| !out.holders.contains(&o.pid)) {
         State::Split
     } else if !out.holders.is_empty() {
         State::Held
+    } else if !me.sees_everything() && unreleased_elsewhere {
+        State::Unknown
     } else {
         State::Free
     };
-    out.record_status = judge(&content, Some(&out.holders));
+    let orphan_pids: Vec<u32> = out.orphans.iter().map(|o| o.pid).collect();
+    out.record_status = judge(&found.content, Some(&out.holders), &orphan_pids);
     Ok(out)
 }
 
-/// The lease file's content and identity, or `None` identity when it does
-/// not exist. Opened read-only and non-blocking; never created.
-fn read_lease_file(lp: &Path) -> Result<(Content, Option<(u64, u64)>)> {
-    let flags = OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW | OFlags::NONBLOCK;
+/// The lease file's content and identity. Opened read-only and
+/// non-blocking; never created.
+fn read_lease_file(spelled: &path::Spelled) -> Result<Found> {
+    let lp = &spelled.lease;
+    let flags =
+        OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY;
     let fd = match rustix::fs::open(lp, flags, Mode::empty()) {
         Ok(fd) => fd,
-        Err(Errno::NOENT) => return Ok((Content::Empty, None)),
+        Err(Errno::NOENT) => {
+            // No lease file: name it beside the canonical directory.
+            let dir = path::parent_of(lp);
+            let dfd = open_path(dir).map_err(|e| Error::io("open", dir, e))?;
+            let canon_dir = process::fd_path(dfd.as_fd())
+                .map(|b| PathBuf::from(OsString::from_vec(b)))
+                .unwrap_or_else(|_| dir.to_path_buf());
+            return Ok(Found {
+                content: Content::Empty,
+                key: None,
+                kernel_dev: process::kernel_device(dfd.as_fd()).ok(),
+                lease_path: canon_dir.join(&spelled.name),
+            });
+        }
         Err(Errno::LOOP) => {
             return Err(Error::io(
                 "open",
@@ -155,8 +218,15 @@ fn read_lease_file(lp: &Path) -> Result<(Content, Option<(u64, u64)>)> {
         }
         // Unreadable by this user: the lock can still be judged.
         Err(Errno::ACCESS) => {
-            let st = rustix::fs::lstat(lp).map_err(|e| Error::io("lstat", lp, e))?;
-            return Ok((Content::Unreadable, Some((st.st_dev, st.st_ino))));
+            let pfd = open_path(lp).map_err(|e| Error::io("open", lp, e))?;
+            let st = rustix::fs::fstat(&pfd).map_err(|e| Error::io("fstat", lp, e))?;
+            let lease_path = canonical(pfd.as_fd(), lp);
+            return Ok(Found {
+                content: Content::Unreadable,
+                key: Some((st.st_dev, st.st_ino)),
+                kernel_dev: process::kernel_device(pfd.as_fd()).ok(),
+                lease_path,
+            });
         }
         Err(e) => return Err(Error::io("open", lp, e)),
     };
@@ -168,17 +238,43 @@ fn read_lease_file(lp: &Path) -> Result<(Content, Option<(u64, u64)>)> {
             std::io::Error::other("the lease file is not a regular file"),
         ));
     }
-    let bytes = read_capped(std::os::fd::AsFd::as_fd(&fd), lp)?;
-    let content = if bytes.len() > crate::record::RECORD_MAX_BYTES {
+    let bytes = process::read_at_most(
+        fd.as_fd(),
+        st.st_size.max(0) as usize,
+        record::RECORD_MAX_BYTES,
+    )
+    .map_err(|e| Error::io("pread", lp, e))?;
+    let content = if bytes.len() > record::RECORD_MAX_BYTES {
         Content::Unreadable
     } else {
         Content::parse(&bytes)
     };
-    Ok((content, Some((st.st_dev, st.st_ino))))
+    Ok(Found {
+        content,
+        key: Some((st.st_dev, st.st_ino)),
+        kernel_dev: process::kernel_device(fd.as_fd()).ok(),
+        lease_path: canonical(fd.as_fd(), lp),
+    })
 }
 
-/// Judge a record against the kernel's holders (`None`: no kernel view).
-fn judge(content: &Content, holders: Option<&[u32]>) -> RecordStatus {
+fn open_path(p: &Path) -> std::io::Result<OwnedFd> {
+    Ok(rustix::fs::open(
+        p,
+        OFlags::PATH | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        Mode::empty(),
+    )?)
+}
+
+fn canonical(fd: std::os::fd::BorrowedFd<'_>, spelled: &Path) -> PathBuf {
+    match process::fd_path(fd) {
+        Ok(b) if !b.ends_with(b" (deleted)") => PathBuf::from(OsString::from_vec(b)),
+        _ => spelled.to_path_buf(),
+    }
+}
+
+/// Judge a record against the kernel's holders (`None`: no kernel view)
+/// and the holders of former lease files.
+fn judge(content: &Content, holders: Option<&[u32]>, orphan_pids: &[u32]) -> RecordStatus {
     let r = match content {
         Content::Empty => return RecordStatus::Empty,
         Content::Unreadable => return RecordStatus::Unreadable,
@@ -200,20 +296,37 @@ fn judge(content: &Content, holders: Option<&[u32]>) -> RecordStatus {
         return RecordStatus::Stale;
     }
     let Some(pid) = r.pid else {
-        return RecordStatus::Unreadable;
+        return RecordStatus::Unknown;
     };
+    let Some(holders) = holders else {
+        return RecordStatus::Unknown;
+    };
+    if holders.contains(&pid) {
+        return if pid == me.pid {
+            RecordStatus::Myself
+        } else {
+            RecordStatus::Live
+        };
+    }
+    if orphan_pids.contains(&pid) {
+        // It holds a former lease file of this lease: alive, and not an
+        // image that lost its descriptor.
+        return RecordStatus::Live;
+    }
     let Some(start) = process::start_time(pid) else {
         return RecordStatus::Stale;
     };
-    if r.proc_start.is_some_and(|s| s != start) {
-        return RecordStatus::Stale;
-    }
-    let Some(holders) = holders else {
-        return RecordStatus::Live;
-    };
-    match (holders.contains(&pid), pid == me.pid) {
-        (true, true) => RecordStatus::Myself,
-        (true, false) => RecordStatus::Live,
-        (false, _) => RecordStatus::ImageReplaced,
+    match r.proc_start {
+        None => RecordStatus::Unknown,
+        Some(s) if s != start => RecordStatus::Stale,
+        Some(_) => {
+            // Same process, and the kernel does not list it as a holder.
+            // Only a look at its descriptors shows it has none of the
+            // lease file; another user's process cannot be looked at.
+            match process::fds_of(pid) {
+                FdScan::Found(_) => RecordStatus::ImageReplaced,
+                _ => RecordStatus::Unknown,
+            }
+        }
     }
 }

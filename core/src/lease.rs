@@ -1,32 +1,150 @@
 //! A held lease and the handles that share it.
 
-use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use rustix::fs::FlockOperation;
 
 use crate::acquire::Pending;
-use crate::error::{Error, Result};
+use crate::error::{Error, Lost, Result};
 use crate::options::Options;
 use crate::platform::notify::CancelToken;
+use crate::platform::process;
 use crate::record::{self, Content, Record};
 use crate::registry::{self, Key};
 
-/// One lease held by this process: the locked descriptor and what was
-/// written. Shared by every handle of the lease; closed by the last release.
+/// One locked lease file. A lease starts with one; the holder's watch adds
+/// one each time it puts the lease file back after someone deleted, moved or
+/// replaced it, and the lease holds them all until its release.
 #[derive(Debug)]
+pub(crate) struct Anchor {
+    pub fd: RawFd,
+    pub slot: u32,
+    pub key: Key,
+    pub writable: bool,
+    /// The record line written there (unpadded).
+    pub line: Vec<u8>,
+    /// Bytes in the file (the record plus padding), so a rewrite can pad.
+    pub len: usize,
+}
+
+impl Anchor {
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the descriptor stays open while the anchor exists.
+        unsafe { BorrowedFd::borrow_raw(self.fd) }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) enum Phase {
+    Held,
+    Lost(Lost),
+    Released,
+}
+
+type Callback = Arc<dyn Fn(&Lost) + Send + Sync>;
+
+pub(crate) struct State {
+    pub anchors: Vec<Anchor>,
+    pub phase: Phase,
+    /// The anchor whose descriptor was handed out to outlive the handle
+    /// (`sidelease hold`'s command).
+    pub inherited: Option<Key>,
+    pub callbacks: Vec<Callback>,
+    /// The lease file could not be put back since then.
+    pub failing_since: Option<std::time::Instant>,
+}
+
+/// One lease held by this process. Shared by every handle of the lease;
+/// ended by the last release.
 pub(crate) struct Shared {
-    pub(crate) fd: RawFd,
-    pub(crate) slot: u32,
-    pub(crate) key: Key,
-    pub(crate) epoch: u64,
-    pub(crate) writable: bool,
-    pub(crate) target: PathBuf,
-    pub(crate) lease_path: PathBuf,
-    pub(crate) record: Record,
-    /// The record as written, so the release only appends `released_at`.
-    pub(crate) line: Vec<u8>,
-    pub(crate) previous: Content,
+    pub epoch: u64,
+    pub target: PathBuf,
+    pub lease_path: PathBuf,
+    /// What this acquisition wrote (or would have, on a read-only file).
+    pub record: Record,
+    pub previous: Content,
+    pub writable: bool,
+    /// Mode a lease file is created with when it has to be put back.
+    pub create_mode: u32,
+    handles: AtomicUsize,
+    state: Mutex<State>,
+    lost_fd: OnceLock<OwnedFd>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("lease_path", &self.lease_path)
+            .field("record", &self.record)
+            .finish_non_exhaustive()
+    }
+}
+
+pub(crate) struct SharedInit {
+    pub target: PathBuf,
+    pub lease_path: PathBuf,
+    pub record: Record,
+    pub previous: Content,
+    pub create_mode: u32,
+    pub anchor: Anchor,
+}
+
+impl Shared {
+    pub(crate) fn new(init: SharedInit) -> Shared {
+        Shared {
+            epoch: registry::epoch(),
+            target: init.target,
+            lease_path: init.lease_path,
+            record: init.record,
+            previous: init.previous,
+            writable: init.anchor.writable,
+            create_mode: init.create_mode,
+            handles: AtomicUsize::new(1),
+            state: Mutex::new(State {
+                anchors: vec![init.anchor],
+                phase: Phase::Held,
+                inherited: None,
+                callbacks: Vec::new(),
+                failing_since: None,
+            }),
+            lost_fd: OnceLock::new(),
+        }
+    }
+
+    pub(crate) fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Called under the registry lock.
+    pub(crate) fn add_handle(&self) {
+        self.handles.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub(crate) fn shareable(&self) -> bool {
+        matches!(self.state().phase, Phase::Held)
+    }
+
+    /// The holder's watch found the lease broken: say so once, to everyone
+    /// who asked.
+    pub(crate) fn mark_lost(&self, lost: Lost) {
+        let callbacks = {
+            let mut st = self.state();
+            if !matches!(st.phase, Phase::Held) {
+                return;
+            }
+            st.phase = Phase::Lost(lost.clone());
+            st.callbacks.clone()
+        };
+        if let Some(fd) = self.lost_fd.get() {
+            let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+        }
+        for cb in callbacks {
+            cb(&lost);
+        }
+    }
 }
 
 /// Does the lease path still name the locked file?
@@ -50,12 +168,43 @@ impl Check {
     }
 }
 
+/// Where a lease stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseState {
+    /// Held, whole: the lease path names a file this lease has locked.
+    Held,
+    /// Lost while held (see [`Lease::ensure_held`]); release it.
+    Lost(Lost),
+    /// This handle was released (or belongs to the parent of this forked
+    /// process).
+    Released,
+}
+
+impl LeaseState {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            LeaseState::Held => "held",
+            LeaseState::Lost(_) => "lost",
+            LeaseState::Released => "released",
+        }
+    }
+}
+
 /// A handle on a lease. Dropping it releases it; several handles of one
 /// process may share one lease, which ends with the last release.
-#[derive(Debug)]
 pub struct Lease {
     shared: Arc<Shared>,
     released: AtomicBool,
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease")
+            .field("lease_path", &self.shared.lease_path)
+            .field("generation", &self.generation())
+            .field("released", &self.is_released())
+            .finish()
+    }
 }
 
 impl Lease {
@@ -83,8 +232,8 @@ impl Lease {
     }
 
     /// Release this handle's share. The last release of a lease records
-    /// `released_at` and closes the descriptor, which drops the lock; the
-    /// file stays. A second call is a no-op. In a forked child the handle is
+    /// `released_at`, unlocks and closes every descriptor of it; the file
+    /// stays. A second call is a no-op. In a forked child the handle is
     /// already dead (the fork handler closed the child's copy) and this is a
     /// no-op too. An error means the lock was dropped but the release could
     /// not be recorded.
@@ -93,21 +242,53 @@ impl Lease {
             return Ok(());
         }
         let s = &self.shared;
-        let mut reg = registry::get().lock();
-        let Some(last) = reg.unshare(s.key, s) else {
+        let reg = registry::get();
+        let mut g = reg.lock();
+        if s.handles.fetch_sub(1, Ordering::AcqRel) != 1 {
             return Ok(());
-        };
-        let recorded = if last.writable {
-            let line = Record::released_line(&last.line, &record::now_rfc3339());
-            write_line(last.fd, &last.lease_path, &line)
-        } else {
-            Ok(())
-        };
-        if reg.release_slot(last.slot, last.fd) {
-            // SAFETY: the descriptor was ours and is closed exactly once.
-            unsafe { libc::close(last.fd) };
         }
-        recorded
+        g.forget(s);
+        let (anchors, inherited) = {
+            let mut st = s.state();
+            st.phase = match std::mem::replace(&mut st.phase, Phase::Released) {
+                Phase::Lost(l) => Phase::Lost(l),
+                _ => Phase::Released,
+            };
+            (std::mem::take(&mut st.anchors), st.inherited)
+        };
+        crate::watch::forget(s);
+        let stamp = record::now_rfc3339();
+        let mut result = Ok(());
+        let mut probe = None;
+        for a in anchors {
+            if Some(a.key) == inherited {
+                // Another process holds this descriptor on purpose: the lock
+                // must stay while it does. Record the release only if nobody
+                // holds it once ours is closed.
+                registry::close_listed(a.fd, a.slot);
+                probe = Some(a);
+                continue;
+            }
+            if a.writable {
+                let line = Record::released_line(&a.line, &stamp);
+                if let Err(e) = write_padded(a.fd(), &s.lease_path, &line, a.len) {
+                    result = result.and(Err(e));
+                }
+            }
+            // Unlock before closing: a child forked a moment ago that has not
+            // run its fork handler yet shares this open file description.
+            let _ = rustix::fs::flock(a.fd(), FlockOperation::Unlock);
+            registry::close_listed(a.fd, a.slot);
+        }
+        if let Some(a) = probe {
+            record_release_if_free(s, &a, &stamp);
+        }
+        drop(g);
+        result
+    }
+
+    pub(crate) fn shared_arc(&self) -> Arc<Shared> {
+        self.shared.clone()
     }
 
     /// Whether this handle was released.
@@ -132,16 +313,91 @@ impl Lease {
         Ok(&self.shared)
     }
 
-    /// Does the lease path still name the locked inode?
+    /// Does the lease path still name a file this lease has locked?
     pub fn check(&self) -> Result<Check> {
         let s = self.live()?;
         let path = &s.lease_path;
         match rustix::fs::lstat(path) {
-            Ok(st) if (st.st_dev, st.st_ino) == s.key => Ok(Check::Held),
-            Ok(_) => Ok(Check::Replaced),
+            Ok(st) => {
+                let key = (st.st_dev, st.st_ino);
+                if s.state().anchors.iter().any(|a| a.key == key) {
+                    Ok(Check::Held)
+                } else {
+                    Ok(Check::Replaced)
+                }
+            }
             Err(rustix::io::Errno::NOENT) => Ok(Check::Unlinked),
             Err(e) => Err(Error::io("lstat", path, e)),
         }
+    }
+
+    /// Held, lost (the holder's watch found the lease file replaced or
+    /// deleted and could not put it back, or another process holds the new
+    /// one), or released.
+    pub fn state(&self) -> LeaseState {
+        if self.is_released() || !self.is_current() {
+            return LeaseState::Released;
+        }
+        match &self.shared.state().phase {
+            Phase::Held => LeaseState::Held,
+            Phase::Lost(l) => LeaseState::Lost(l.clone()),
+            Phase::Released => LeaseState::Released,
+        }
+    }
+
+    /// `Ok` while the lease is held and whole; [`Error::Lost`] once it was
+    /// lost (and an invalid-argument error on a released handle). Call it
+    /// before work that must only happen under the lease.
+    pub fn ensure_held(&self) -> Result<()> {
+        let s = self.live()?;
+        match &s.state().phase {
+            Phase::Lost(l) => Err(Error::Lost(Box::new(l.clone()))),
+            _ => Ok(()),
+        }
+    }
+
+    /// A descriptor that turns readable when the lease is lost (an eventfd,
+    /// made on first use), for an event loop. It stays readable from then
+    /// on.
+    pub fn lost_fd(&self) -> Result<BorrowedFd<'_>> {
+        let s = self.live()?;
+        if s.lost_fd.get().is_none() {
+            let fd = rustix::event::eventfd(
+                0,
+                rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+            )
+            .map_err(|e| Error::io("eventfd", &s.lease_path, e))?;
+            let _ = s.lost_fd.set(fd);
+        }
+        let fd = s
+            .lost_fd
+            .get()
+            .ok_or_else(|| Error::invalid("lease", "no lost descriptor"))?;
+        if matches!(s.state().phase, Phase::Lost(_)) {
+            let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+        }
+        Ok(fd.as_fd())
+    }
+
+    /// Call `f` (from the watcher thread) when the lease is lost; at once if
+    /// it already was. Keep `f` short and never block in it.
+    pub fn on_lost(&self, f: impl Fn(&Lost) + Send + Sync + 'static) -> Result<()> {
+        let s = self.live()?;
+        let f: Callback = Arc::new(f);
+        let already = {
+            let mut st = s.state();
+            match &st.phase {
+                Phase::Lost(l) => Some(l.clone()),
+                _ => {
+                    st.callbacks.push(f.clone());
+                    None
+                }
+            }
+        };
+        if let Some(l) = already {
+            f(&l);
+        }
+        Ok(())
     }
 
     pub fn lease_path(&self) -> &Path {
@@ -167,20 +423,28 @@ impl Lease {
         &self.shared.previous
     }
 
-    /// False when the previous holder died holding the lease (its record has
-    /// no `released_at`) or left a record that cannot be read: the
-    /// application should run its crash recovery. True for a new lease file.
-    pub fn previous_released_cleanly(&self) -> bool {
-        match &self.shared.previous {
+    /// Whether the previous holder released cleanly. `Some(false)`: it died
+    /// holding the lease (its record has no `released_at`) or left a record
+    /// that cannot be read — run crash recovery. `Some(true)` for a new lease
+    /// file. `None` when this lease could only open its file read-only: it
+    /// writes nothing, so it cannot know what the last writer's record
+    /// means for the holders between.
+    pub fn previous_released_cleanly(&self) -> Option<bool> {
+        if !self.shared.writable {
+            return None;
+        }
+        Some(match &self.shared.previous {
             Content::Empty => true,
             Content::Record(r) => r.released_at.is_some(),
             Content::Unreadable => false,
-        }
+        })
     }
 
-    /// The fencing token: one more than the previous holder's.
-    pub fn generation(&self) -> u64 {
-        self.shared.record.generation.unwrap_or(0)
+    /// The fencing token: one more than the previous holder's. `None` for a
+    /// lease that could only open its file read-only (it writes no record,
+    /// so it has no place in the sequence).
+    pub fn generation(&self) -> Option<u64> {
+        self.shared.record.generation
     }
 
     /// False when the lease file could only be opened read-only: the lock
@@ -192,12 +456,20 @@ impl Lease {
     /// A new descriptor of the lease, outside the registry and without
     /// close-on-exec, for a command that should keep the lease alive as long
     /// as it runs (what `sidelease hold` gives its command, as `flock(1)`
-    /// does). The caller owns it; never `LOCK_UN` it.
+    /// does). The caller owns it; never `LOCK_UN` it. From then on the last
+    /// release leaves the lock to that descriptor and records `released_at`
+    /// only if no process holds the lease file any more.
     pub fn inheritable_fd(&self) -> Result<OwnedFd> {
         let s = self.live()?;
-        // SAFETY: the descriptor stays open while this live handle exists.
-        let fd = unsafe { BorrowedFd::borrow_raw(s.fd) };
-        rustix::io::dup(fd).map_err(|e| Error::io("dup", &s.lease_path, e))
+        let mut st = s.state();
+        let a = st
+            .anchors
+            .last()
+            .ok_or_else(|| Error::invalid("lease", "this lease holds no descriptor"))?;
+        let key = a.key;
+        let fd = rustix::io::dup(a.fd()).map_err(|e| Error::io("dup", &s.lease_path, e))?;
+        st.inherited = Some(key);
+        Ok(fd)
     }
 }
 
@@ -207,19 +479,62 @@ impl Drop for Lease {
     }
 }
 
-/// Write a record line in place: all of it at offset 0, then cut the file to
-/// its length. Never a temporary file renamed over the lease file.
-pub(crate) fn write_line(fd: RawFd, path: &Path, line: &[u8]) -> Result<()> {
-    // SAFETY: callers pass a descriptor they keep open for this call.
-    let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+/// After closing a lease whose descriptor another process keeps: if the
+/// lease file can be locked now, nobody holds it any more, so the release
+/// is recorded (into our own record only); otherwise it is not.
+fn record_release_if_free(s: &Shared, a: &Anchor, stamp: &str) {
+    use rustix::fs::{Mode, OFlags};
+    let flags = OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY;
+    let Ok(Ok((fd, slot))) =
+        registry::open_listed(|| Ok(rustix::fs::open(&s.lease_path, flags, Mode::empty())?))
+    else {
+        return;
+    };
+    // SAFETY: open until close_listed below.
+    let bfd = unsafe { BorrowedFd::borrow_raw(fd) };
+    let same = rustix::fs::fstat(bfd).is_ok_and(|st| (st.st_dev, st.st_ino) == a.key);
+    if same && rustix::fs::flock(bfd, FlockOperation::NonBlockingLockExclusive).is_ok() {
+        let bytes = process::read_at_most(bfd, a.len, record::RECORD_MAX_BYTES).unwrap_or_default();
+        let ours = matches!(Content::parse(&bytes), Content::Record(r)
+            if r.nonce.is_some() && r.nonce == s.record.nonce);
+        if ours && a.writable {
+            let line = Record::released_line(&a.line, stamp);
+            let _ = write_padded(bfd, &s.lease_path, &line, bytes.len());
+        }
+        let _ = rustix::fs::flock(bfd, FlockOperation::Unlock);
+    }
+    registry::close_listed(fd, slot);
+}
+
+/// Write a record line in place at offset 0, padded with spaces to the
+/// file's current length `len` so no `ftruncate` is needed; a file far
+/// longer than the line (a big record once) is cut instead. Never a
+/// temporary file renamed over the lease file. Returns the file's length.
+pub(crate) fn write_padded(
+    fd: BorrowedFd<'_>,
+    path: &Path,
+    line: &[u8],
+    len: usize,
+) -> Result<usize> {
+    const CUT_ABOVE: usize = 8 * 1024;
+    let cut = len > CUT_ABOVE && len > 2 * line.len();
+    let data = if cut {
+        std::borrow::Cow::Borrowed(line)
+    } else {
+        record::padded(line, len)
+    };
     let mut done = 0;
-    while done < line.len() {
-        match rustix::io::pwrite(fd, &line[done..], done as u64) {
+    while done < data.len() {
+        match rustix::io::pwrite(fd, &data[done..], done as u64) {
             Ok(0) => return Err(Error::io("pwrite", path, rustix::io::Errno::NOSPC)),
             Ok(n) => done += n,
             Err(rustix::io::Errno::INTR) => continue,
             Err(e) => return Err(Error::io("pwrite", path, e)),
         }
     }
-    rustix::fs::ftruncate(fd, line.len() as u64).map_err(|e| Error::io("ftruncate", path, e))
+    if cut {
+        rustix::fs::ftruncate(fd, data.len() as u64)
+            .map_err(|e| Error::io("ftruncate", path, e))?;
+    }
+    Ok(data.len().max(if cut { 0 } else { len }))
 }

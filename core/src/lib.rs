@@ -1,7 +1,9 @@
 //! sidelease: one exclusive `flock` lease per database (or data directory)
 //! on a machine, held through a persistent sidecar file, shared by every
-//! handle of a process, and judged from the kernel rather than from a PID in
-//! a file.
+//! handle of a process, judged from the kernel rather than from a PID in a
+//! file, and kept whole while held: if someone deletes, moves or replaces
+//! the lease file, the holder puts it back at once (or learns the lease is
+//! lost).
 //!
 //! ```no_run
 //! use sidelease::{Lease, Options, Wait};
@@ -9,32 +11,37 @@
 //!
 //! let opts = Options::new().wait(Wait::Timeout(Duration::from_secs(2)));
 //! let lease = Lease::acquire("app.db", &opts)?;
-//! if !lease.previous_released_cleanly() {
+//! if lease.previous_released_cleanly() == Some(false) {
 //!     // the previous holder died holding the lease: recover
 //! }
+//! lease.ensure_held()?; // before work that must only happen under the lease
 //! lease.release()?;
 //! # Ok::<(), sidelease::Error>(())
 //! ```
 //!
-//! The contract is `DESIGN.md`; this crate is the one core the C, Python,
-//! Node and Bun surfaces share.
+//! This crate is the one core the C, Python, Node and Bun surfaces share.
 
 mod acquire;
+mod anchor;
 mod error;
+mod forkgate;
+mod guard;
 mod holders;
 mod inspect;
 mod lease;
+mod nonce;
 mod options;
 mod path;
 pub mod platform;
 pub mod record;
 mod registry;
+pub mod watch;
 
 pub use acquire::Pending;
-pub use error::{Contention, Error, ErrorKind, Result};
-pub use holders::Orphan;
+pub use error::{Contention, Error, ErrorKind, Lost, Result};
+pub use guard::Orphan;
 pub use inspect::{inspect, Inspection, RecordStatus, State};
-pub use lease::{Check, Lease};
+pub use lease::{Check, Lease, LeaseState};
 pub use options::{Options, Wait, DEFAULT_SUFFIX};
 pub use platform::notify::CancelToken;
 pub use record::{Content, Record};

@@ -60,10 +60,14 @@ pub struct Options {
     /// Accept filesystems where `flock` is not known to be reliable.
     pub allow_unsupported_fs: bool,
     /// Refuse to create a second lock domain when a live process holds a
-    /// deleted former lease file (costs one read of `/proc/locks`).
+    /// former lease file (deleted, moved or replaced): reads `/proc/locks`
+    /// unless the previous holder's record vouches for the file.
     pub split_guard: bool,
     /// Who is calling, for the record (`python 3.11.7`, `node 20.20.2`, …).
     pub runtime: Option<String>,
+    /// Watch the held lease file and put it back at once if someone deletes,
+    /// moves or replaces it (and report the lease lost if that fails).
+    pub watch: bool,
 }
 
 impl Default for Options {
@@ -75,6 +79,7 @@ impl Default for Options {
             allow_unsupported_fs: false,
             split_guard: true,
             runtime: None,
+            watch: true,
         }
     }
 }
@@ -107,6 +112,11 @@ impl Options {
 
     pub fn split_guard(mut self, on: bool) -> Self {
         self.split_guard = on;
+        self
+    }
+
+    pub fn watch(mut self, on: bool) -> Self {
+        self.watch = on;
         self
     }
 

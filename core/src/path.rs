@@ -1,43 +1,37 @@
 //! From the caller's target to the one lease file every spelling of it names.
+//!
+//! Resolution happens in the kernel, so it obeys `fs.protected_symlinks` and
+//! costs the same at any depth. Only the target's last component needs a
+//! look: when it is not a symlink, `<target as spelled><suffix>` reaches the
+//! same directory entry as the canonical spelling (the kernel follows every
+//! directory symlink on the way), and the canonical path is read back from
+//! the opened lease file (`/proc/self/fd/N`). A last component that is a
+//! symlink, `.` or `..` is resolved through an `O_PATH` open of the target.
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::io;
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::AsFd;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 
+use rustix::fs::{Mode, OFlags};
+use rustix::io::Errno;
+
 use crate::error::{Error, Result};
+use crate::platform::process;
 
-/// A target resolved to its canonical spelling, and its lease file beside it.
+/// A lease file as the caller's spelling reaches it.
 #[derive(Debug, Clone)]
-pub struct Resolved {
-    pub target: PathBuf,
-    pub lease_path: PathBuf,
+pub(crate) struct Spelled {
+    /// The lease file's path as it will be opened (absolute).
+    pub lease: PathBuf,
+    /// Its final component: `<target name><suffix>`.
+    pub name: OsString,
 }
 
-/// Symlink hops followed for a target that does not exist yet (as the kernel's
-/// own limit, so a loop ends in an error rather than forever).
+/// Symlink hops followed by hand for a dangling target (as the kernel's own
+/// limit, so a loop ends in an error rather than forever).
 const MAX_LINK_HOPS: usize = 40;
-
-pub fn resolve(target: &Path, suffix: &str) -> Result<Resolved> {
-    validate_target(target)?;
-    let resolved = canonical_target(target)?;
-    if resolved.file_name().is_none() {
-        return Err(Error::invalid(
-            "target",
-            format!(
-                "{} resolves to {}, which has no name to put a lease file beside",
-                target.display(),
-                resolved.display()
-            ),
-        ));
-    }
-    let mut lease = OsString::from(resolved.as_os_str());
-    lease.push(suffix);
-    Ok(Resolved {
-        target: resolved,
-        lease_path: PathBuf::from(lease),
-    })
-}
 
 pub fn validate_target(target: &Path) -> Result<()> {
     let bytes = target.as_os_str().as_bytes();
@@ -53,17 +47,111 @@ pub fn validate_target(target: &Path) -> Result<()> {
     Ok(())
 }
 
-/// `realpath` of the target; when it does not exist yet, follow any dangling
-/// symlinks by hand and resolve the parent directory instead, so the lease
-/// file is the same before and after the database is created.
-fn canonical_target(target: &Path) -> Result<PathBuf> {
-    match std::fs::canonicalize(target) {
-        Ok(p) => return Ok(p),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(Error::io("realpath", target, e)),
+/// Spell the lease file of `target`: one `readlink` of the target in the
+/// common case (not a symlink: EINVAL; missing: ENOENT).
+pub(crate) fn spell(target: &Path, suffix: &str) -> Result<Spelled> {
+    validate_target(target)?;
+    let trimmed = trim_trailing_slashes(target);
+    let last = trimmed.file_name();
+    let plain = match last {
+        Some(_) => match process::read_link_bytes(trimmed) {
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => true,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => true,
+            Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => {
+                return Err(Error::io("open", parent_of(trimmed), Errno::NOTDIR))
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENAMETOOLONG) => {
+                return Err(Error::io("open", trimmed, e))
+            }
+            Err(_) => false,
+            Ok(_) => false,
+        },
+        None => false, // "/", ".", ".." or a path ending in them
+    };
+    let target = if plain {
+        absolute(trimmed)?
+    } else {
+        canonical_target(trimmed)?
+    };
+    let Some(name) = target.file_name() else {
+        return Err(Error::invalid(
+            "target",
+            format!(
+                "{} resolves to {}, which has no name to put a lease file beside",
+                trimmed.display(),
+                target.display()
+            ),
+        ));
+    };
+    let mut name = name.to_owned();
+    name.push(suffix);
+    Ok(Spelled {
+        lease: target.with_file_name(&name),
+        name,
+    })
+}
+
+/// The canonical lease path of an open lease file, from the kernel. `None`
+/// when the kernel's name for it does not end in the expected file name (it
+/// was renamed since it was opened: open again).
+pub(crate) fn canonical_from_fd(
+    fd: std::os::fd::BorrowedFd<'_>,
+    spelled: &Spelled,
+) -> Option<PathBuf> {
+    let bytes = match process::fd_path(fd) {
+        Ok(b) => b,
+        // No /proc: the spelling, made absolute, is the best there is.
+        Err(_) => return Some(spelled.lease.clone()),
+    };
+    let path = PathBuf::from(OsString::from_vec(bytes));
+    (path.file_name() == Some(spelled.name.as_os_str()) && path.is_absolute()).then_some(path)
+}
+
+/// The target a lease path belongs to (the lease path without its suffix).
+pub(crate) fn target_of(lease: &Path, suffix: &str) -> PathBuf {
+    let bytes = lease.as_os_str().as_bytes();
+    let cut = bytes.len().saturating_sub(suffix.len());
+    PathBuf::from(OsStr::from_bytes(&bytes[..cut]))
+}
+
+pub(crate) fn parent_of(p: &Path) -> &Path {
+    match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        Some(_) => Path::new("."),
+        None => Path::new("/"),
     }
+}
+
+fn trim_trailing_slashes(p: &Path) -> &Path {
+    let mut b = p.as_os_str().as_bytes();
+    while b.len() > 1 && b.ends_with(b"/") {
+        b = &b[..b.len() - 1];
+    }
+    Path::new(OsStr::from_bytes(b))
+}
+
+fn absolute(p: &Path) -> Result<PathBuf> {
+    if p.is_absolute() {
+        return Ok(p.to_path_buf());
+    }
+    let cwd = std::env::current_dir().map_err(|e| Error::io("getcwd", Path::new("."), e))?;
+    Ok(cwd.join(p))
+}
+
+/// The canonical path of an existing target through an `O_PATH` open (the
+/// kernel follows every symlink, protected ones refused); for a dangling
+/// symlink, its hops are followed by hand with the same protection, and the
+/// parent directory of the missing file is resolved instead.
+fn canonical_target(target: &Path) -> Result<PathBuf> {
     let mut path = target.to_path_buf();
     for _ in 0..MAX_LINK_HOPS {
+        match kernel_resolve(&path) {
+            Ok(p) => return Ok(p),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(e) => return Err(Error::io("open", &path, e)),
+        }
+        // Missing: a dangling symlink to follow, or a file to create in an
+        // existing directory.
         let name = match path.file_name() {
             Some(n) => n.to_owned(),
             None => {
@@ -73,29 +161,54 @@ fn canonical_target(target: &Path) -> Result<PathBuf> {
                 ))
             }
         };
-        let parent = match path.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-            _ => PathBuf::from("."),
+        let parent = parent_of(&path).to_path_buf();
+        let dir = match kernel_resolve(&parent) {
+            Ok(d) => d,
+            Err(e) => return Err(Error::io("open", &parent, e)),
         };
-        match std::fs::read_link(&path) {
+        match process::read_link_bytes(&dir.join(&name)) {
             Ok(dest) => {
-                path = parent.join(dest);
+                check_protected_symlink(&dir, &name).map_err(|e| Error::io("open", &path, e))?;
+                path = dir.join(OsString::from_vec(dest));
                 continue;
             }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
-            Err(e) => return Err(Error::io("readlink", &path, e)),
+            Err(_) => return Ok(dir.join(name)),
         }
-        // A parent that is not a directory fails later, at open, naming the
-        // lease path.
-        let dir = std::fs::canonicalize(&parent).map_err(|e| Error::io("realpath", &parent, e))?;
-        return Ok(dir.join(name));
     }
     Err(Error::io(
-        "realpath",
+        "open",
         target,
         io::Error::from_raw_os_error(libc::ELOOP),
     ))
+}
+
+fn kernel_resolve(p: &Path) -> io::Result<PathBuf> {
+    let fd = rustix::fs::open(p, OFlags::PATH | OFlags::CLOEXEC, Mode::empty())?;
+    match process::fd_path(fd.as_fd()) {
+        Ok(b) => Ok(PathBuf::from(OsString::from_vec(b))),
+        // No /proc: resolve in user space.
+        Err(_) => std::fs::canonicalize(p),
+    }
+}
+
+/// The kernel's `fs.protected_symlinks` rule, for a dangling symlink this
+/// library follows by hand: in a sticky world-writable directory, follow
+/// only a link owned by the follower or by the directory's owner.
+fn check_protected_symlink(dir: &Path, name: &OsStr) -> io::Result<()> {
+    let on = std::fs::read_to_string("/proc/sys/fs/protected_symlinks")
+        .map(|s| s.trim() != "0")
+        .unwrap_or(false);
+    if !on {
+        return Ok(());
+    }
+    let d = rustix::fs::stat(dir)?;
+    let l = rustix::fs::lstat(dir.join(name))?;
+    let sticky_world_writable = d.st_mode & 0o1002 == 0o1002;
+    let me = rustix::process::geteuid().as_raw();
+    if !sticky_world_writable || l.st_uid == me || l.st_uid == d.st_uid {
+        return Ok(());
+    }
+    Err(io::Error::from_raw_os_error(libc::EACCES))
 }
 
 #[cfg(test)]
@@ -103,39 +216,61 @@ mod tests {
     use super::*;
     use std::os::unix::fs::symlink;
 
+    fn spelled(t: &Path) -> PathBuf {
+        spell(t, ".backend-lease").unwrap().lease
+    }
+
     #[test]
     fn existing_and_missing_targets_name_the_same_lease() {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("app.db");
-        let before = resolve(&db, ".backend-lease").unwrap();
+        let before = spelled(&db);
         std::fs::write(&db, b"").unwrap();
-        let after = resolve(&db, ".backend-lease").unwrap();
-        assert_eq!(before.lease_path, after.lease_path);
-        assert!(after.lease_path.ends_with("app.db.backend-lease"));
-        assert!(after.lease_path.is_absolute());
+        let after = spelled(&db);
+        assert_eq!(before, after);
+        assert!(after.ends_with("app.db.backend-lease"));
+        assert!(after.is_absolute());
     }
 
     #[test]
     fn symlinks_are_followed_even_when_dangling() {
         let dir = tempfile::tempdir().unwrap();
-        let real = dir.path().join("real.db");
+        let real = std::fs::canonicalize(dir.path()).unwrap().join("real.db");
         let link = dir.path().join("link.db");
         symlink("real.db", &link).unwrap();
-        let dangling = resolve(&link, ".l").unwrap();
+        let dangling = spelled(&link);
         std::fs::write(&real, b"").unwrap();
-        let live = resolve(&link, ".l").unwrap();
-        assert_eq!(dangling.lease_path, live.lease_path);
-        assert!(live.lease_path.ends_with("real.db.l"));
+        let live = spelled(&link);
+        assert_eq!(dangling, live);
+        assert_eq!(live, real.with_file_name("real.db.backend-lease"));
+    }
+
+    #[test]
+    fn trailing_slashes_dot_and_dotdot() {
+        let dir = tempfile::tempdir().unwrap();
+        let canon = std::fs::canonicalize(dir.path()).unwrap();
+        let data = canon.join("data");
+        std::fs::create_dir_all(data.join("sub")).unwrap();
+        let want = canon.join("data.backend-lease");
+        assert_eq!(spelled(&data), want);
+        assert_eq!(spelled(&dir.path().join("data/")), want);
+        assert_eq!(spelled(&dir.path().join("data/.")), want);
+        assert_eq!(spelled(&dir.path().join("data/sub/..")), want);
     }
 
     #[test]
     fn bad_targets_are_named() {
-        let e = resolve(Path::new(""), ".l").unwrap_err();
+        let e = spell(Path::new(""), ".l").unwrap_err();
         assert!(e.to_string().contains("`target`: is an empty path"), "{e}");
-        let e = resolve(Path::new("/"), ".l").unwrap_err();
+        let e = spell(Path::new("/"), ".l").unwrap_err();
         assert!(e.to_string().contains("`target`"), "{e}");
-        let e = resolve(Path::new("/nonexistent-dir-xyz/app.db"), ".l").unwrap_err();
-        assert_eq!(e.errno(), Some(libc::ENOENT));
-        assert!(e.to_string().contains("/nonexistent-dir-xyz"), "{e}");
+    }
+
+    #[test]
+    fn target_of_strips_the_suffix() {
+        assert_eq!(
+            target_of(Path::new("/a/app.db.backend-lease"), ".backend-lease"),
+            Path::new("/a/app.db")
+        );
     }
 }

@@ -60,6 +60,15 @@ pub struct Record {
     pub inode: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub split_checked: Option<bool>,
+    /// The lease file's directory (device and inode) and its name there:
+    /// what a bind mount or a rename within the directory does not change,
+    /// so the split guard recognises a former lease file by them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dir_device: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dir_inode: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file_name: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub released_at: Option<String>,
 }
@@ -132,6 +141,71 @@ impl Record {
     pub fn to_value(&self) -> Value {
         serde_json::to_value(self).unwrap_or(Value::Null)
     }
+}
+
+impl Record {
+    /// Does this record belong to the lease file named `name` in directory
+    /// `dir` (device, inode), or, for records without a directory identity,
+    /// to `lease_path`?
+    pub fn names_lease(&self, dir: (u64, u64), name: &str, lease_path: &str) -> bool {
+        match (self.dir_device, self.dir_inode, &self.file_name) {
+            (Some(d), Some(i), Some(n)) => (d, i) == dir && n == name,
+            _ => self.lease_path.as_deref() == Some(lease_path),
+        }
+    }
+}
+
+/// `line` padded with spaces (before its newline) to at least `len` bytes,
+/// so an in-place rewrite over a longer record needs no `ftruncate`: JSON
+/// allows the whitespace, and the whole file still parses as one object.
+pub fn padded(line: &[u8], len: usize) -> std::borrow::Cow<'_, [u8]> {
+    if line.len() >= len {
+        return std::borrow::Cow::Borrowed(line);
+    }
+    let body = line.strip_suffix(b"\n").unwrap_or(line);
+    let mut v = Vec::with_capacity(len);
+    v.extend_from_slice(body);
+    v.resize(len - 1, b' ');
+    v.push(b'\n');
+    std::borrow::Cow::Owned(v)
+}
+
+/// A JSON string literal for a path. Bytes that are not UTF-8 become
+/// `\udcXX` escapes (Python's `surrogateescape` convention), which
+/// `json.loads` and `JSON.parse` both accept, so any path survives the trip
+/// (`os.fsencode` gives the bytes back).
+pub fn json_path(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(bytes.len() + 2);
+    out.push('"');
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        let (good, bad) = match std::str::from_utf8(rest) {
+            Ok(s) => (s, &[][..]),
+            Err(e) => {
+                let (g, b) = rest.split_at(e.valid_up_to());
+                (std::str::from_utf8(g).unwrap_or_default(), b)
+            }
+        };
+        for c in good.chars() {
+            match c {
+                '"' => out.push_str("\\\""),
+                '\\' => out.push_str("\\\\"),
+                c if (c as u32) < 0x20 => {
+                    let _ = write!(out, "\\u{:04x}", c as u32);
+                }
+                c => out.push(c),
+            }
+        }
+        if let Some((&b, tail)) = bad.split_first() {
+            let _ = write!(out, "\\udc{b:02x}");
+            rest = tail;
+        } else {
+            rest = bad;
+        }
+    }
+    out.push('"');
+    out
 }
 
 /// Check caller metadata: a JSON object of bounded size.
@@ -291,6 +365,42 @@ mod tests {
             Record::released_line(&line, "2026-11-30T09:00:00.000Z"),
             r.to_line()
         );
+    }
+
+    #[test]
+    fn padding_keeps_one_object() {
+        let line = b"{\"schema\":1}\n";
+        let p = padded(line, 40);
+        assert_eq!(p.len(), 40);
+        assert!(matches!(Content::parse(&p), Content::Record(_)));
+        assert_eq!(&*padded(line, 3), &line[..]);
+    }
+
+    #[test]
+    fn paths_survive_as_json() {
+        assert_eq!(json_path(b"/a/b\"c"), "\"/a/b\\\"c\"");
+        assert_eq!(json_path(b"/x/\xff\xfe.db"), "\"/x/\\udcff\\udcfe.db\"");
+        assert_eq!(json_path(b"/\xc3\xa9\n"), "\"/\u{e9}\\u000a\"");
+        let v: Value = serde_json::from_str(&json_path("/ok/ü".as_bytes())).unwrap();
+        assert_eq!(v, Value::String("/ok/ü".into()));
+    }
+
+    #[test]
+    fn records_name_their_lease() {
+        let r = Record {
+            dir_device: Some(1),
+            dir_inode: Some(2),
+            file_name: Some("app.db.backend-lease".into()),
+            lease_path: Some("/elsewhere".into()),
+            ..Default::default()
+        };
+        assert!(r.names_lease((1, 2), "app.db.backend-lease", "/srv/app.db.backend-lease"));
+        assert!(!r.names_lease((1, 3), "app.db.backend-lease", "/elsewhere"));
+        let old = Record {
+            lease_path: Some("/srv/x".into()),
+            ..Default::default()
+        };
+        assert!(old.names_lease((0, 0), "", "/srv/x"));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The process registry: one lease per lease file (keyed by device and inode)
-//! shared by every handle of this process, and the fork handler that keeps a
-//! child from holding its parent's leases.
+//! shared by every handle of this process, the acquisitions in flight (so
+//! threads acquiring one lease at the same moment end up sharing it), and
+//! the descriptor slots the fork handler reads.
 //!
 //! After `fork` only the forking thread exists in the child and any lock may
 //! be held by a thread that is gone, so the child handler takes no lock and
@@ -10,18 +11,22 @@
 
 use std::collections::HashMap;
 use std::os::fd::RawFd;
+use std::path::{Path, PathBuf};
 use std::ptr;
 use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Once};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
+use crate::forkgate;
 use crate::lease::Shared;
 
+/// A lease file as `stat` identifies it: (device, inode).
 pub(crate) type Key = (u64, u64);
 
 const CHUNK: usize = 1024;
 const CHUNKS: usize = 256;
-/// Most leases one process can hold at once.
+/// Most lease descriptors one process can have open at once.
 pub const MAX_LEASES: usize = CHUNK * CHUNKS;
 
 type Chunk = [AtomicI32; CHUNK];
@@ -31,38 +36,57 @@ type Chunk = [AtomicI32; CHUNK];
 /// never freed.
 static SLOTS: [AtomicPtr<Chunk>; CHUNKS] = [const { AtomicPtr::new(ptr::null_mut()) }; CHUNKS];
 static REGISTRY: AtomicPtr<Registry> = AtomicPtr::new(ptr::null_mut());
+static ABANDONED: AtomicPtr<Registry> = AtomicPtr::new(ptr::null_mut());
 static EPOCH: AtomicU64 = AtomicU64::new(0);
-static ATFORK: Once = Once::new();
+static ATTEMPTS: AtomicU64 = AtomicU64::new(1);
 
 pub(crate) struct Registry {
     inner: Mutex<Inner>,
+    /// The slot allocator has its own lock, taken only inside fork windows,
+    /// so a window never waits for the registry lock (whose holder may be
+    /// waiting for a fork to finish).
+    slots: Mutex<SlotAlloc>,
+    /// Signalled whenever an acquisition in flight ends.
+    settled: Condvar,
     /// The registry a forked child abandoned (its parent's), kept reachable
     /// rather than freed: freeing in the child is not safe, and a leak
     /// checker should not count it lost.
     _abandoned: *mut Registry,
 }
 
-// SAFETY: `_abandoned` is never dereferenced; everything else is a Mutex.
+// SAFETY: `_abandoned` is never dereferenced; everything else is a Mutex or
+// a Condvar.
 unsafe impl Sync for Registry {}
+// SAFETY: as above.
 unsafe impl Send for Registry {}
-
-static ABANDONED: AtomicPtr<Registry> = AtomicPtr::new(ptr::null_mut());
 
 #[derive(Default)]
 pub(crate) struct Inner {
-    leases: HashMap<Key, Entry>,
-    free_slots: Vec<u32>,
-    next_slot: u32,
+    /// Every lease file this process holds (each anchor of each lease).
+    held: HashMap<Key, Arc<Shared>>,
+    /// Acquisitions past their open and before their outcome, by canonical
+    /// lease path: a second thread waits for the first one's outcome instead
+    /// of being refused by its own process.
+    inflight: HashMap<PathBuf, u64>,
+    /// Threads waiting in `wait_settled` (a notify costs a system call, so
+    /// it is only made when someone waits).
+    waiting: usize,
 }
 
-struct Entry {
-    shared: Arc<Shared>,
-    count: usize,
+#[derive(Default)]
+struct SlotAlloc {
+    free: Vec<u32>,
+    next: u32,
 }
 
 /// The fork epoch: handles made in an earlier epoch belong to the parent.
 pub(crate) fn epoch() -> u64 {
     EPOCH.load(Ordering::Acquire)
+}
+
+/// A fresh identity for one acquisition (or re-anchor) in flight.
+pub(crate) fn attempt_id() -> u64 {
+    ATTEMPTS.fetch_add(1, Ordering::Relaxed)
 }
 
 pub(crate) fn get() -> &'static Registry {
@@ -72,34 +96,37 @@ pub(crate) fn get() -> &'static Registry {
     if let Some(r) = unsafe { p.as_ref() } {
         return r;
     }
-    ATFORK.call_once(|| {
-        // SAFETY: registering a handler that is async-signal-safe (close,
-        // atomics only) is what pthread_atfork is for.
-        unsafe { libc::pthread_atfork(None, None, Some(child_after_fork)) };
-    });
+    forkgate::install();
     let fresh = Box::into_raw(Box::new(Registry {
         inner: Mutex::new(Inner::default()),
+        slots: Mutex::new(SlotAlloc::default()),
+        settled: Condvar::new(),
         _abandoned: ABANDONED.load(Ordering::Acquire),
     }));
     match REGISTRY.compare_exchange(ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire) {
+        // SAFETY: just leaked, never freed.
         Ok(_) => unsafe { &*fresh },
         Err(winner) => {
             // SAFETY: `fresh` was never shared.
             drop(unsafe { Box::from_raw(fresh) });
+            // SAFETY: a leaked box, never freed.
             unsafe { &*winner }
         }
     }
 }
 
-extern "C" fn child_after_fork() {
+/// The fork child handler's part: close every lease descriptor the child
+/// inherited (never `LOCK_UN`: the lock belongs to the open file description
+/// the parent still has), start a new epoch, forget the registry.
+pub(crate) fn after_fork_in_child() {
     for chunk in &SLOTS {
         // SAFETY: chunks are never freed.
         if let Some(chunk) = unsafe { chunk.load(Ordering::Acquire).as_ref() } {
             for slot in chunk.iter() {
                 let fd = slot.swap(-1, Ordering::AcqRel);
                 if fd >= 0 {
-                    // close, never LOCK_UN: the lock belongs to the open file
-                    // description the parent still has.
+                    // SAFETY: a descriptor this library opened; close is
+                    // async-signal-safe.
                     unsafe { libc::close(fd) };
                 }
             }
@@ -114,54 +141,50 @@ extern "C" fn child_after_fork() {
 
 fn slot(index: u32) -> &'static AtomicI32 {
     let (c, i) = (index as usize / CHUNK, index as usize % CHUNK);
-    // SAFETY: a slot index is only handed out after its chunk was installed.
+    // SAFETY: a slot index is only handed out after its chunk was installed,
+    // and chunks are never freed.
     let chunk = unsafe { &*SLOTS[c].load(Ordering::Acquire) };
     &chunk[i]
 }
 
 impl Registry {
     pub(crate) fn lock(&self) -> MutexGuard<'_, Inner> {
-        // A panic while holding the lock cannot leave the map inconsistent
+        // A panic while holding the lock cannot leave the maps inconsistent
         // (every update is one insert or remove), so poisoning is ignored.
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
-}
 
-impl Inner {
-    /// Share a held lease: bump its count and return it.
-    pub(crate) fn share(&mut self, key: Key) -> Option<Arc<Shared>> {
-        let e = self.leases.get_mut(&key)?;
-        e.count += 1;
-        Some(e.shared.clone())
+    /// Wait (releasing the lock) until some acquisition in flight ends, or
+    /// `bound` passes.
+    pub(crate) fn wait_settled<'a>(
+        &'a self,
+        mut guard: MutexGuard<'a, Inner>,
+        bound: Duration,
+    ) -> MutexGuard<'a, Inner> {
+        guard.waiting += 1;
+        let mut g = match self.settled.wait_timeout(guard, bound) {
+            Ok((g, _)) => g,
+            Err(e) => e.into_inner().0,
+        };
+        g.waiting -= 1;
+        g
     }
 
-    pub(crate) fn get(&self, key: Key) -> Option<&Arc<Shared>> {
-        self.leases.get(&key).map(|e| &e.shared)
-    }
-
-    pub(crate) fn insert(&mut self, key: Key, shared: Arc<Shared>) {
-        self.leases.insert(key, Entry { shared, count: 1 });
-    }
-
-    /// Drop one handle's share; returns the lease when it was the last.
-    pub(crate) fn unshare(&mut self, key: Key, shared: &Arc<Shared>) -> Option<Arc<Shared>> {
-        let e = self.leases.get_mut(&key)?;
-        if !Arc::ptr_eq(&e.shared, shared) {
-            return None;
+    /// Wake the threads waiting for a flight to end (called with the
+    /// registry lock held).
+    fn notify_settled(&self, g: &Inner) {
+        if g.waiting > 0 {
+            self.settled.notify_all();
         }
-        e.count -= 1;
-        if e.count > 0 {
-            return None;
-        }
-        self.leases.remove(&key).map(|e| e.shared)
     }
 
     /// Put a descriptor where the fork handler will find it.
-    pub(crate) fn claim_slot(&mut self, fd: RawFd) -> Result<u32> {
-        let index = match self.free_slots.pop() {
+    fn claim_slot(&self, fd: RawFd) -> Result<u32> {
+        let mut a = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let index = match a.free.pop() {
             Some(i) => i,
             None => {
-                let i = self.next_slot;
+                let i = a.next;
                 if i as usize >= MAX_LEASES {
                     return Err(Error::invalid(
                         "target",
@@ -173,7 +196,7 @@ impl Inner {
                     let chunk: Box<Chunk> = Box::new([const { AtomicI32::new(-1) }; CHUNK]);
                     SLOTS[c].store(Box::into_raw(chunk), Ordering::Release);
                 }
-                self.next_slot += 1;
+                a.next += 1;
                 i
             }
         };
@@ -183,13 +206,140 @@ impl Inner {
 
     /// Take a descriptor back from the fork handler's table. Returns false
     /// when the handler already closed it (this is a forked child).
-    pub(crate) fn release_slot(&mut self, index: u32, fd: RawFd) -> bool {
+    fn release_slot(&self, index: u32, fd: RawFd) -> bool {
         let owned = slot(index)
             .compare_exchange(fd, -1, Ordering::AcqRel, Ordering::Acquire)
             .is_ok();
         if owned {
-            self.free_slots.push(index);
+            self.slots
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .free
+                .push(index);
         }
         owned
     }
+}
+
+/// The marker of one acquisition in flight; dropping it ends the flight and
+/// wakes the threads waiting for its outcome.
+pub(crate) struct Flight {
+    path: PathBuf,
+    id: u64,
+}
+
+impl Flight {
+    /// Claim the flight for `path`, first waiting (until `deadline`) for
+    /// another thread's flight on it to end. `check` runs under the registry
+    /// lock before each claim: when it returns `Some`, that is the outcome
+    /// (a lease to share) and no flight is claimed.
+    pub(crate) fn claim<T>(
+        path: &Path,
+        id: u64,
+        deadline: Instant,
+        mut check: impl FnMut(&mut Inner) -> Option<T>,
+    ) -> std::result::Result<Flight, Option<T>> {
+        let reg = get();
+        let mut g = reg.lock();
+        loop {
+            if let Some(t) = check(&mut g) {
+                return Err(Some(t));
+            }
+            match g.inflight.get(path) {
+                Some(&other) if other != id => {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        return Err(None);
+                    }
+                    g = reg.wait_settled(g, deadline - now);
+                }
+                _ => break,
+            }
+        }
+        g.inflight.insert(path.to_path_buf(), id);
+        Ok(Flight {
+            path: path.to_path_buf(),
+            id,
+        })
+    }
+
+    /// End the flight while already holding the registry lock.
+    pub(crate) fn end_locked(self, g: &mut Inner) {
+        let mut me = std::mem::ManuallyDrop::new(self);
+        let path = std::mem::take(&mut me.path);
+        if g.inflight.get(&path) == Some(&me.id) {
+            g.inflight.remove(&path);
+        }
+        get().notify_settled(g);
+    }
+}
+
+impl Drop for Flight {
+    fn drop(&mut self) {
+        let reg = get();
+        let mut g = reg.lock();
+        if g.inflight.get(&self.path) == Some(&self.id) {
+            g.inflight.remove(&self.path);
+        }
+        reg.notify_settled(&g);
+    }
+}
+
+impl Inner {
+    /// Whether this process holds any lease (so a path lookup can be
+    /// skipped when it holds none).
+    pub(crate) fn holds_any(&self) -> bool {
+        !self.held.is_empty()
+    }
+
+    /// Share a held lease: bump its handle count and return it. A lease
+    /// that was lost is not shared (a new acquisition must contend for the
+    /// file like anyone else).
+    pub(crate) fn share(&mut self, key: Key) -> Option<Arc<Shared>> {
+        let s = self.held.get(&key)?;
+        if !s.shareable() {
+            return None;
+        }
+        s.add_handle();
+        Some(s.clone())
+    }
+
+    pub(crate) fn insert(&mut self, key: Key, shared: Arc<Shared>) {
+        self.held.insert(key, shared);
+    }
+
+    /// Forget every key of a lease that is ending.
+    pub(crate) fn forget(&mut self, shared: &Arc<Shared>) {
+        self.held.retain(|_, s| !Arc::ptr_eq(s, shared));
+    }
+}
+
+/// Open a descriptor and list it for the fork handler, with no fork able to
+/// land in between (see `forkgate`). `open` returns the descriptor.
+pub(crate) fn open_listed(
+    open: impl FnOnce() -> std::io::Result<std::os::fd::OwnedFd>,
+) -> std::io::Result<Result<(RawFd, u32)>> {
+    use std::os::fd::IntoRawFd;
+    forkgate::window(|| {
+        let fd = open()?.into_raw_fd();
+        match get().claim_slot(fd) {
+            Ok(slot) => Ok(Ok((fd, slot))),
+            Err(e) => {
+                // SAFETY: just opened, ours, closed once.
+                unsafe { libc::close(fd) };
+                Ok(Err(e))
+            }
+        }
+    })
+}
+
+/// Unlist and close a descriptor listed by `open_listed` (a no-op in a
+/// forked child, where the fork handler closed it).
+pub(crate) fn close_listed(fd: RawFd, slot: u32) {
+    forkgate::window(|| {
+        if get().release_slot(slot, fd) {
+            // SAFETY: the descriptor was ours and is closed exactly once.
+            unsafe { libc::close(fd) };
+        }
+    })
 }

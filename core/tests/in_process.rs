@@ -19,7 +19,7 @@ fn handles_share_one_lease_and_the_last_release_frees_it() {
     let a = Lease::acquire(&db, &Options::new()).unwrap();
     let b = Lease::acquire(&db, &Options::new()).unwrap();
     assert_eq!(a.record().nonce, b.record().nonce);
-    assert_eq!(a.generation(), 1);
+    assert_eq!(a.generation(), Some(1));
     a.release().unwrap();
     a.release().unwrap();
     assert!(a.is_released());
@@ -30,8 +30,8 @@ fn handles_share_one_lease_and_the_last_release_frees_it() {
     assert_eq!(i.state, State::Free);
     assert_eq!(i.record_status, RecordStatus::Released);
     let c = Lease::acquire(&db, &Options::new()).unwrap();
-    assert_eq!(c.generation(), 2);
-    assert!(c.previous_released_cleanly());
+    assert_eq!(c.generation(), Some(2));
+    assert_eq!(c.previous_released_cleanly(), Some(true));
 }
 
 #[test]
@@ -259,6 +259,6 @@ fn torn_record_is_unreadable_and_counted_unclean_and_generation_grows() {
     std::fs::write(&lp, &bytes).unwrap();
     let l = Lease::acquire(&db, &Options::new()).unwrap();
     assert!(l.previous().is_none());
-    assert!(!l.previous_released_cleanly());
-    assert_eq!(l.generation(), 2);
+    assert_eq!(l.previous_released_cleanly(), Some(false));
+    assert_eq!(l.generation(), Some(2));
 }

@@ -2,7 +2,10 @@
  * are flat JSON objects; the few fields needed are picked out by key. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <poll.h>
 #include <signal.h>
+#include <stdatomic.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +15,9 @@
 
 #define MAX_HANDLES 1024
 static sidelease_lease *handles[MAX_HANDLES];
+/* Set by each lease's lost callback (run on the library's watcher thread). */
+static atomic_int lost_called[MAX_HANDLES];
+static void on_lost(const char *reason, void *user_data);
 static int nhandles;
 static int execs;
 static char **saved_argv;
@@ -101,6 +107,7 @@ static const char *kind(sidelease_status st) {
     case SIDELEASE_ERR_IO: return "io";
     case SIDELEASE_ERR_CANCELLED: return "cancelled";
     case SIDELEASE_ERR_NULL_ARGUMENT: return "null_argument";
+    case SIDELEASE_ERR_LOST: return "lost";
     default: return "other";
     }
 }
@@ -138,6 +145,7 @@ static sidelease_options *options(const char *cmd) {
     if (str_field(cmd, "suffix", buf, sizeof buf)) sidelease_options_set_suffix(o, buf);
     if (object_field(cmd, "metadata", buf, sizeof buf)) sidelease_options_set_metadata_json(o, buf);
     if (bool_field(cmd, "split_guard", &b)) sidelease_options_set_split_guard(o, b);
+    if (bool_field(cmd, "watch", &b)) sidelease_options_set_watch(o, b);
     return o;
 }
 
@@ -154,20 +162,26 @@ static void acquire(const char *cmd) {
         printf("{\"ok\":false,\"error\":{\"kind\":\"protocol\",\"message\":\"too many handles\"}}");
         return done();
     }
-    handles[nhandles++] = l;
+    handles[nhandles] = l;
+    sidelease_lease_on_lost(l, on_lost, &lost_called[nhandles]);
+    nhandles++;
     char *path = NULL, *record = NULL, *previous = NULL;
     bool clean = false, written = false;
     uint64_t gen = 0;
+    char gen_text[32] = "null";
     sidelease_lease_path(l, &path);
     sidelease_lease_record_json(l, &record);
     sidelease_lease_previous_json(l, &previous);
-    sidelease_lease_previous_released_cleanly(l, &clean);
+    /* Read-only leases answer SIDELEASE_ERR_UNKNOWN: null in JSON. */
+    sidelease_status clean_st = sidelease_lease_previous_released_cleanly(l, &clean);
     sidelease_lease_record_written(l, &written);
-    sidelease_lease_generation(l, &gen);
+    if (sidelease_lease_generation(l, &gen) == SIDELEASE_OK)
+        snprintf(gen_text, sizeof gen_text, "%llu", (unsigned long long)gen);
     printf("{\"ok\":true,\"handle\":%d,\"lease_path\":", nhandles);
     put_string(path);
-    printf(",\"generation\":%llu,\"record\":%s,\"previous\":%s,\"previous_released_cleanly\":%s,\"record_written\":%s}",
-           (unsigned long long)gen, record, previous, clean ? "true" : "false", written ? "true" : "false");
+    printf(",\"generation\":%s,\"record\":%s,\"previous\":%s,\"previous_released_cleanly\":%s,\"record_written\":%s}",
+           gen_text, record, previous,
+           clean_st != SIDELEASE_OK ? "null" : clean ? "true" : "false", written ? "true" : "false");
     sidelease_string_free(path);
     sidelease_string_free(record);
     sidelease_string_free(previous);
@@ -178,6 +192,50 @@ static sidelease_lease *handle(const char *cmd) {
     double h = 0;
     num_field(cmd, "handle", &h);
     return h >= 1 && h <= nhandles ? handles[(int)h - 1] : NULL;
+}
+
+static void on_lost(const char *reason, void *user_data) {
+    (void)reason;
+    atomic_store((atomic_int *)user_data, 1);
+}
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* {"ok":true,"state":...,"reason":...} from sidelease_lease_state and
+ * sidelease_lease_ensure_held, plus what the wait saw. */
+static void state(sidelease_lease *l, int index, int waited, int lost, double elapsed) {
+    sidelease_state s;
+    sidelease_status st = sidelease_lease_state(l, &s);
+    if (st != SIDELEASE_OK) return error(st);
+    printf("{\"ok\":true,\"state\":\"%s\",\"reason\":",
+           s == SIDELEASE_STATE_HELD ? "held" : s == SIDELEASE_STATE_LOST ? "lost" : "released");
+    if (s == SIDELEASE_STATE_LOST && sidelease_lease_ensure_held(l) == SIDELEASE_ERR_LOST) {
+        static char msg[4096];
+        sidelease_last_error(msg, sizeof msg, NULL);
+        put_string(msg);
+    } else {
+        printf("null");
+    }
+    printf(",\"callback\":%s", atomic_load(&lost_called[index]) ? "true" : "false");
+    if (waited) printf(",\"lost\":%s,\"elapsed_ms\":%.3f", lost ? "true" : "false", elapsed);
+    putchar('}');
+    done();
+}
+
+static void wait_lost(const char *cmd, sidelease_lease *l, int index) {
+    double timeout = 5;
+    int fd = -1;
+    num_field(cmd, "timeout", &timeout);
+    double start = now_ms();
+    sidelease_status st = sidelease_lease_lost_fd(l, &fd);
+    if (st != SIDELEASE_OK) return error(st);
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    int n = poll(&p, 1, (int)(timeout * 1000));
+    state(l, index, 1, n > 0, now_ms() - start);
 }
 
 static int read_file(const char *path, char *buf, size_t len) {
@@ -210,6 +268,8 @@ static void stress(const char *cmd) {
     sidelease_options *o = NULL;
     sidelease_options_new(&o);
     sidelease_options_set_timeout_ms(o, (int64_t)(timeout * 1000));
+    int guard_on;
+    if (bool_field(cmd, "split_guard", &guard_on)) sidelease_options_set_split_guard(o, guard_on);
     long done_n = 0, overlaps = 0, timeouts = 0;
     for (long i = 0; i < (long)iterations; i++) {
         sidelease_lease *l = NULL;
@@ -268,6 +328,17 @@ int main(int argc, char **argv) {
                        c == SIDELEASE_CHECK_HELD ? "held" : c == SIDELEASE_CHECK_UNLINKED ? "unlinked" : "replaced");
             }
             done();
+        } else if (!strcmp(name, "state") || !strcmp(name, "wait_lost")) {
+            sidelease_lease *l = handle(line);
+            if (!l) {
+                printf("{\"ok\":false,\"error\":{\"kind\":\"protocol\",\"message\":\"no such handle\"}}");
+                done();
+                continue;
+            }
+            double h = 0;
+            num_field(line, "handle", &h);
+            if (!strcmp(name, "state")) state(l, (int)h - 1, 0, 0, 0);
+            else wait_lost(line, l, (int)h - 1);
         } else if (!strcmp(name, "inspect")) {
             static char target[4096], suffix[256];
             char *out = NULL;

@@ -13,6 +13,7 @@ const KINDS = {
   SIDELEASE_INVALID_ARGUMENT: 'invalid_argument',
   SIDELEASE_IO: 'io',
   ABORT_ERR: 'cancelled',
+  SIDELEASE_LOST: 'lost',
 };
 const SNAKE = { leasePath: 'lease_path', recordStatus: 'record_status' };
 
@@ -36,6 +37,7 @@ function options(cmd) {
   if ('suffix' in cmd) o.suffix = cmd.suffix;
   if ('metadata' in cmd) o.metadata = cmd.metadata;
   if ('split_guard' in cmd) o.splitGuard = cmd.split_guard;
+  if ('watch' in cmd) o.watch = cmd.watch;
   return o;
 }
 
@@ -45,7 +47,7 @@ function stress(cmd) {
   for (let i = 0; i < cmd.iterations; i++) {
     let lease;
     try {
-      lease = sidelease.acquire(cmd.target, { timeout: cmd.timeout * 1000 });
+      lease = sidelease.acquire(cmd.target, { timeout: cmd.timeout * 1000, splitGuard: cmd.split_guard !== false });
     } catch (e) {
       if (e.code === 'SIDELEASE_TIMEOUT') { timeouts++; continue; }
       throw e;
@@ -60,6 +62,26 @@ function stress(cmd) {
     done++;
   }
   return { ok: true, done, overlaps, timeouts };
+}
+
+function state(lease) {
+  return { ok: true, state: lease.state, reason: lease.state === 'lost' ? lease.signal.reason.reason : null };
+}
+
+// Waits on `lease.signal`'s abort event (the agent answers asynchronously,
+// so the next command waits for this answer: the runner never pipelines).
+function waitLost(lease, timeout) {
+  const start = performance.now();
+  const signal = lease.signal;
+  const answer = (lost) => {
+    clearTimeout(timer);
+    signal.removeEventListener('abort', onAbort);
+    say({ ...state(lease), lost, elapsed_ms: performance.now() - start });
+  };
+  const onAbort = () => answer(signal.reason && signal.reason.code === 'SIDELEASE_LOST');
+  const timer = setTimeout(() => answer(false), timeout * 1000);
+  if (signal.aborted) return onAbort();
+  signal.addEventListener('abort', onAbort);
 }
 
 const handles = new Map();
@@ -83,6 +105,8 @@ rl.on('line', (line) => {
       }
       case 'release': handles.get(cmd.handle).release(); return say({ ok: true });
       case 'check': return say({ ok: true, check: handles.get(cmd.handle).check() });
+      case 'state': return say(state(handles.get(cmd.handle)));
+      case 'wait_lost': return waitLost(handles.get(cmd.handle), 'timeout' in cmd ? cmd.timeout : 5);
       case 'inspect': {
         const i = sidelease.inspect(cmd.target, 'suffix' in cmd ? { suffix: cmd.suffix } : undefined);
         const out = {};

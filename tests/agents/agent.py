@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import sys
+import time
 from typing import Any, Dict
 
 import sidelease
@@ -15,6 +17,7 @@ KINDS = [
     (sidelease.LeaseInUse, "in_use"),
     (sidelease.UnsupportedFilesystem, "unsupported_fs"),
     (sidelease.InvalidArgument, "invalid_argument"),
+    (sidelease.LeaseLost, "lost"),
     (OSError, "io"),
 ]
 
@@ -32,7 +35,7 @@ def error(e: BaseException) -> Dict[str, Any]:
 
 def options(cmd: Dict[str, Any]) -> Dict[str, Any]:
     o: Dict[str, Any] = {"timeout": cmd["timeout"] if "timeout" in cmd else 0}
-    for k in ("suffix", "metadata", "split_guard"):
+    for k in ("suffix", "metadata", "split_guard", "watch"):
         if k in cmd:
             o[k] = cmd[k]
     return o
@@ -43,7 +46,7 @@ def stress(cmd: Dict[str, Any]) -> Dict[str, Any]:
     done = overlaps = timeouts = 0
     for _ in range(cmd["iterations"]):
         try:
-            lease = sidelease.acquire(cmd["target"], timeout=cmd["timeout"])
+            lease = sidelease.acquire(cmd["target"], timeout=cmd["timeout"], split_guard=cmd.get("split_guard", True))
         except sidelease.LeaseTimeout:
             timeouts += 1
             continue
@@ -67,6 +70,27 @@ def stress(cmd: Dict[str, Any]) -> Dict[str, Any]:
         lease.release()
         done += 1
     return {"ok": True, "done": done, "overlaps": overlaps, "timeouts": timeouts}
+
+
+def state(lease: sidelease.Lease) -> Dict[str, Any]:
+    return {"ok": True, "state": lease.state, "reason": lease.lost_reason}
+
+
+def wait_lost(lease: sidelease.Lease, timeout: float) -> Dict[str, Any]:
+    """`await lease.wait_lost()` on an event loop, for up to `timeout`."""
+    start = time.monotonic()
+
+    async def wait() -> bool:
+        try:
+            err = await asyncio.wait_for(lease.wait_lost(), timeout)
+        except asyncio.TimeoutError:
+            return False
+        return isinstance(err, sidelease.LeaseLost)
+
+    lost = asyncio.run(wait())
+    out = state(lease)
+    out.update(lost=lost, elapsed_ms=(time.monotonic() - start) * 1000)
+    return out
 
 
 def main() -> None:
@@ -93,6 +117,10 @@ def main() -> None:
             elif name == "release":
                 handles[cmd["handle"]].release()
                 say({"ok": True})
+            elif name == "state":
+                say(state(handles[cmd["handle"]]))
+            elif name == "wait_lost":
+                say(wait_lost(handles[cmd["handle"]], cmd.get("timeout", 5.0)))
             elif name == "check":
                 say({"ok": True, "check": handles[cmd["handle"]].check()})
             elif name == "inspect":

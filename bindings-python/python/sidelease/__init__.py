@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from typing import Any, Dict, Optional, Union
 
 from . import _native
@@ -21,6 +22,7 @@ from ._errors import (
     InvalidArgument,
     LeaseError,
     LeaseInUse,
+    LeaseLost,
     LeaseOSError,
     LeaseTimeout,
     UnsupportedFilesystem,
@@ -34,6 +36,7 @@ __all__ = [
     "Lease",
     "LeaseError",
     "LeaseInUse",
+    "LeaseLost",
     "LeaseOSError",
     "LeaseTimeout",
     "UnsupportedFilesystem",
@@ -52,6 +55,7 @@ async def acquire_async(
     metadata: Optional[Dict[str, Any]] = None,
     allow_unsupported_fs: bool = False,
     split_guard: bool = True,
+    watch: bool = True,
 ) -> Lease:
     """Acquire like :func:`acquire`, waiting without blocking the event loop.
 
@@ -66,6 +70,7 @@ async def acquire_async(
         metadata=metadata,
         allow_unsupported_fs=allow_unsupported_fs,
         split_guard=split_guard,
+        watch=watch,
     )
     loop = asyncio.get_running_loop()
     try:
@@ -103,3 +108,18 @@ async def _wait_readable(loop: asyncio.AbstractEventLoop, fd: Optional[int], del
     finally:
         timer.cancel()
         loop.remove_reader(fd)
+
+
+def _after_fork_in_parent() -> None:
+    # 3.13 counts threads after the after_in_parent hooks: start the watcher
+    # once os.fork() has returned instead.
+    if sys.version_info >= (3, 13):
+        _native._watch_resume_soon()
+    else:
+        _native._watch_resume()
+
+
+# The holder's watcher is a native thread; stop it around os.fork() so the
+# fork does not count it (CPython 3.12+ warns about forking a threaded
+# process). The child never has it: the library's fork handler resets it.
+os.register_at_fork(before=_native._watch_pause, after_in_parent=_after_fork_in_parent)

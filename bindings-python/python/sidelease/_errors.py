@@ -45,6 +45,34 @@ class LeaseTimeout(LeaseInUse):
     """The lease stayed held for the whole timeout."""
 
 
+class LeaseLost(LeaseError):
+    """A held lease was lost: its file was replaced or deleted and another
+    process holds the file now at its path, or it could not be put back.
+
+    ``reason`` says what happened; ``holders`` are the PIDs the kernel
+    reports as holding the lease file now.
+    """
+
+    reason: str
+    holders: List[int]
+    lease_path: str
+
+    def __init__(
+        self,
+        message: str,
+        reason: str = "",
+        holders: Optional[List[int]] = None,
+        lease_path: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.holders = list(holders or [])
+        self.lease_path = lease_path
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        return (type(self), (str(self), self.reason, self.holders, self.lease_path))
+
+
 class UnsupportedFilesystem(LeaseError):
     """The lease directory is on a filesystem where flock cannot be trusted
     (NFS, SMB, FUSE, ...). Pass ``allow_unsupported_fs=True`` to use it anyway."""

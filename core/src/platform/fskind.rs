@@ -1,7 +1,9 @@
 //! Which filesystem a lease directory is on, and whether `flock` can be
 //! trusted there.
 
+use std::os::fd::BorrowedFd;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::{Error, Result};
 
@@ -71,6 +73,41 @@ pub fn check_dir(dir: &Path, allow_unsupported: bool) -> Result<FsKind> {
     }
     Err(Error::UnsupportedFilesystem {
         path: dir.to_path_buf(),
+        fstype: kind.name.to_string(),
+        magic: kind.magic,
+    })
+}
+
+/// Devices already found local, so a lease file on them needs no `fstatfs`
+/// per acquisition (lock-free: it is read right after `fork` too).
+static LOCAL: [AtomicU64; 32] = [const { AtomicU64::new(0) }; 32];
+static NEXT: AtomicU64 = AtomicU64::new(0);
+
+fn known_local(dev: u64) -> bool {
+    LOCAL
+        .iter()
+        .any(|d| d.load(Ordering::Relaxed) == dev.wrapping_add(1))
+}
+
+fn remember_local(dev: u64) {
+    let i = NEXT.fetch_add(1, Ordering::Relaxed) as usize % LOCAL.len();
+    LOCAL[i].store(dev.wrapping_add(1), Ordering::Relaxed);
+}
+
+/// Refuse an open lease file (device `dev` by `fstat`) whose filesystem is
+/// not known to be local; the verdict is remembered per device.
+pub fn check_fd(fd: BorrowedFd<'_>, dev: u64, path: &Path, allow_unsupported: bool) -> Result<()> {
+    if allow_unsupported || known_local(dev) {
+        return Ok(());
+    }
+    let st = rustix::fs::fstatfs(fd).map_err(|e| Error::io("fstatfs", path, e))?;
+    let kind = classify(st.f_type as u32);
+    if kind.local {
+        remember_local(dev);
+        return Ok(());
+    }
+    Err(Error::UnsupportedFilesystem {
+        path: crate::path::parent_of(path).to_path_buf(),
         fstype: kind.name.to_string(),
         magic: kind.magic,
     })

@@ -1,10 +1,17 @@
 //! Process identity and descriptors, as `/proc` tells them.
 
-use std::ffi::OsString;
+use std::ffi::CStr;
 use std::io;
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
+
+use rustix::fs::{Mode, OFlags};
+
+/// The inode of the initial PID namespace (`PROC_PID_INIT_INO`): a process
+/// whose `/proc/self/ns/pid` has it sees every process of the machine.
+pub const INIT_PID_NS: u64 = 0xEFFF_FFFC;
 
 /// Who this process is, for the holder record. Fields the platform cannot
 /// provide are `None`.
@@ -16,15 +23,47 @@ pub struct Identity {
     pub machine_id: Option<String>,
     pub pid_ns: Option<u64>,
     pub proc_start: Option<u64>,
+    /// Whether `/proc` is this process's own view (so `/proc/locks` lists
+    /// the locks of every process this PID namespace can see).
+    pub proc_is_ours: bool,
     /// The identity this one replaced (a forked parent's), kept reachable.
     previous: Option<&'static Identity>,
+}
+
+impl Identity {
+    /// Can this process see every lock and process on the machine? Only in
+    /// the initial PID namespace with its own `/proc`: a child namespace's
+    /// `/proc/locks` silently omits locks held outside it.
+    pub fn sees_everything(&self) -> bool {
+        self.proc_is_ours && self.pid_ns == Some(INIT_PID_NS)
+    }
+}
+
+static PID: AtomicU32 = AtomicU32::new(0);
+
+/// This process's PID without a system call (cached; the fork handler
+/// forgets it in the child).
+pub fn pid() -> u32 {
+    match PID.load(Ordering::Relaxed) {
+        0 => {
+            let p = rustix::process::getpid().as_raw_nonzero().get() as u32;
+            PID.store(p, Ordering::Relaxed);
+            p
+        }
+        p => p,
+    }
+}
+
+/// Fork child handler: async-signal-safe (one atomic store).
+pub(crate) fn forget_pid_after_fork() {
+    PID.store(0, Ordering::Relaxed);
 }
 
 /// This process's identity, computed once per PID: a forked child sees its
 /// own, and the lookup takes no lock (it may run right after `fork`).
 pub fn current() -> &'static Identity {
     static CURRENT: AtomicPtr<Identity> = AtomicPtr::new(std::ptr::null_mut());
-    let pid = std::process::id();
+    let pid = pid();
     let p = CURRENT.load(Ordering::Acquire);
     // SAFETY: every pointer stored is a leaked Box, never freed.
     if let Some(id) = unsafe { p.as_ref() } {
@@ -46,6 +85,7 @@ fn read_identity(pid: u32) -> Identity {
         .to_str()
         .ok()
         .map(str::to_owned);
+    let proc_self = read_link_bytes(Path::new("/proc/self")).ok();
     Identity {
         pid,
         host,
@@ -53,6 +93,7 @@ fn read_identity(pid: u32) -> Identity {
         machine_id: read_trimmed("/etc/machine-id"),
         pid_ns: rustix::fs::stat("/proc/self/ns/pid").ok().map(|s| s.st_ino),
         proc_start: start_time(pid),
+        proc_is_ours: proc_self.as_deref() == Some(pid.to_string().as_bytes()),
         previous: None,
     }
 }
@@ -61,6 +102,50 @@ fn read_trimmed(path: &str) -> Option<String> {
     let s = std::fs::read_to_string(path).ok()?;
     let s = s.trim();
     (!s.is_empty()).then(|| s.to_owned())
+}
+
+/// `readlink` with one system call for any path up to `PATH_MAX`.
+pub fn read_link_bytes(path: &Path) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; 4096];
+    let n = rustix::fs::readlinkat_raw(rustix::fs::CWD, path, &mut buf[..])?;
+    if n == buf.len() {
+        return Err(io::Error::from_raw_os_error(libc::ENAMETOOLONG));
+    }
+    buf.truncate(n);
+    Ok(buf)
+}
+
+/// The path the kernel knows an open descriptor by (`/proc/self/fd/N`).
+pub fn fd_path(fd: BorrowedFd<'_>) -> io::Result<Vec<u8>> {
+    use std::os::fd::AsRawFd;
+    let mut link = *b"/proc/self/fd/\0\0\0\0\0\0\0\0\0\0\0\0";
+    let n = write_decimal(&mut link[14..], fd.as_raw_fd() as u32);
+    let c = CStr::from_bytes_until_nul(&link[..15 + n])
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let mut buf = vec![0u8; 4096];
+    let n = rustix::fs::readlinkat_raw(rustix::fs::CWD, c, &mut buf[..])?;
+    if n == buf.len() {
+        return Err(io::Error::from_raw_os_error(libc::ENAMETOOLONG));
+    }
+    buf.truncate(n);
+    Ok(buf)
+}
+
+fn write_decimal(out: &mut [u8], mut v: u32) -> usize {
+    let mut tmp = [0u8; 10];
+    let mut i = 0;
+    loop {
+        tmp[i] = b'0' + (v % 10) as u8;
+        i += 1;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    for j in 0..i {
+        out[j] = tmp[i - 1 - j];
+    }
+    i
 }
 
 /// Start time of a process in clock ticks since boot (`/proc/PID/stat` field
@@ -80,6 +165,7 @@ pub fn parse_start_time(stat: &[u8]) -> Option<u64> {
 }
 
 /// What a look at another process's descriptors found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FdScan<T> {
     Found(T),
     NotFound,
@@ -90,9 +176,8 @@ pub enum FdScan<T> {
     Gone,
 }
 
-/// Visit the descriptors of `pid`, giving each descriptor number and the
-/// path of `/proc/PID/fd/N`, until `visit` returns `Some`.
-pub fn scan_fds<T>(pid: u32, mut visit: impl FnMut(u32, &Path) -> Option<T>) -> FdScan<T> {
+/// The descriptor numbers of `pid`.
+pub fn fds_of(pid: u32) -> FdScan<Vec<u32>> {
     let dir = format!("/proc/{pid}/fd");
     let entries = match std::fs::read_dir(&dir) {
         Ok(e) => e,
@@ -103,48 +188,163 @@ pub fn scan_fds<T>(pid: u32, mut visit: impl FnMut(u32, &Path) -> Option<T>) -> 
             }
         }
     };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(fd) = std::str::from_utf8(name.as_bytes())
-            .ok()
-            .and_then(|s| s.parse().ok())
-        else {
+    FdScan::Found(
+        entries
+            .flatten()
+            .filter_map(|e| {
+                std::str::from_utf8(e.file_name().as_bytes())
+                    .ok()?
+                    .parse()
+                    .ok()
+            })
+            .collect(),
+    )
+}
+
+/// A lock as the kernel lists it: device numbers as `/proc/locks` prints
+/// them (which on overlayfs or btrfs differ from what `stat` says) and inode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KernelKey {
+    pub major: u32,
+    pub minor: u32,
+    pub ino: u64,
+}
+
+/// Does descriptor `fd` of `pid` belong to the open file description that
+/// owns the flock lock `key`? Its fdinfo carries the lock line only then.
+pub fn fd_holds(pid: u32, fd: u32, key: KernelKey) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}"))
+        .is_ok_and(|info| super::locks::fdinfo_holds(&info, key.major, key.minor, key.ino))
+}
+
+/// Find the descriptor of `pid` that owns the lock `key` (as `/proc/locks`
+/// names it). Descriptors are first matched by inode number (a `stat`
+/// through `/proc/PID/fd/N`), and only those have their fdinfo read.
+pub fn holding_fd(pid: u32, key: KernelKey) -> FdScan<u32> {
+    find_fd(pid, |fd, st| st.st_ino == key.ino && fd_holds(pid, fd, key))
+}
+
+/// Find the descriptor of `pid` that owns the flock lock on the file `stat`
+/// knows as (device, inode). The fdinfo lock line of that very file names
+/// it with the kernel's device numbers, so only its inode is compared there.
+pub fn holding_fd_of_file(pid: u32, (dev, ino): (u64, u64)) -> FdScan<u32> {
+    find_fd(pid, |fd, st| {
+        (st.st_dev, st.st_ino) == (dev, ino)
+            && std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).is_ok_and(|info| {
+                info.lines()
+                    .filter(|l| l.starts_with("lock:"))
+                    .filter_map(super::locks::parse_line)
+                    .any(|l| l.ino == ino)
+            })
+    })
+}
+
+fn find_fd(pid: u32, mut matches: impl FnMut(u32, &rustix::fs::Stat) -> bool) -> FdScan<u32> {
+    let fds = match fds_of(pid) {
+        FdScan::Found(f) => f,
+        FdScan::NotFound => return FdScan::NotFound,
+        FdScan::Denied => return FdScan::Denied,
+        FdScan::Gone => return FdScan::Gone,
+    };
+    for fd in fds {
+        let Ok(st) = rustix::fs::stat(format!("/proc/{pid}/fd/{fd}")) else {
             continue;
         };
-        if let Some(t) = visit(fd, &entry.path()) {
-            return FdScan::Found(t);
+        if matches(fd, &st) {
+            return FdScan::Found(fd);
         }
     }
     FdScan::NotFound
 }
 
-/// Does `pid` have a descriptor of the open file description that owns the
-/// flock lock on (device, inode)?
-pub fn holds_lock(pid: u32, dev: u64, ino: u64) -> FdScan<u32> {
-    let (major, minor) = (rustix::fs::major(dev), rustix::fs::minor(dev));
-    scan_fds(pid, |fd, link| {
-        let st = rustix::fs::stat(link).ok()?;
-        if st.st_dev != dev || st.st_ino != ino {
-            return None;
-        }
-        let info = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).ok()?;
-        super::locks::fdinfo_holds(&info, major, minor, ino).then_some(fd)
-    })
+/// The lock this process holds through `fd`, as the kernel lists it.
+pub fn own_lock(fd: BorrowedFd<'_>) -> io::Result<Option<KernelKey>> {
+    use std::os::fd::AsRawFd;
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))?;
+    Ok(info
+        .lines()
+        .filter(|l| l.starts_with("lock:"))
+        .filter_map(super::locks::parse_line)
+        .find(|l| l.exclusive)
+        .map(|l| KernelKey {
+            major: l.major,
+            minor: l.minor,
+            ino: l.ino,
+        }))
 }
 
-/// Find a descriptor of `pid` that names `lease_path` after it was deleted
-/// (the kernel shows `<path> (deleted)`) and is one of the given inodes.
-pub fn deleted_lease_fd(pid: u32, lease_path: &Path, inodes: &[u64]) -> FdScan<(u32, u64)> {
-    let mut wanted = OsString::from(lease_path.as_os_str()).into_vec();
-    wanted.extend_from_slice(b" (deleted)");
-    scan_fds(pid, |fd, link| {
-        let target = std::fs::read_link(link).ok()?;
-        if target.as_os_str().as_bytes() != wanted.as_slice() {
-            return None;
+/// The device numbers `/proc/locks` uses for files reached through `fd`:
+/// the superblock's, from the mount table (`stat` may say otherwise on
+/// overlayfs and btrfs).
+pub fn kernel_device(fd: BorrowedFd<'_>) -> io::Result<(u32, u32)> {
+    use std::os::fd::AsRawFd;
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))?;
+    let mnt_id = info
+        .lines()
+        .find_map(|l| l.strip_prefix("mnt_id:"))
+        .map(str::trim)
+        .ok_or_else(|| io::Error::other("no mnt_id in fdinfo"))?;
+    let table = std::fs::read_to_string("/proc/self/mountinfo")?;
+    for line in table.lines() {
+        let mut f = line.split(' ');
+        if f.next() != Some(mnt_id) {
+            continue;
         }
-        let st = rustix::fs::stat(link).ok()?;
-        inodes.contains(&st.st_ino).then_some((fd, st.st_ino))
-    })
+        let dev = f
+            .nth(1)
+            .ok_or_else(|| io::Error::other("short mountinfo line"))?;
+        let (ma, mi) = dev
+            .split_once(':')
+            .ok_or_else(|| io::Error::other("bad mountinfo device"))?;
+        let parse = |s: &str| s.parse::<u32>().map_err(io::Error::other);
+        return Ok((parse(ma)?, parse(mi)?));
+    }
+    Err(io::Error::other(format!("mount {mnt_id} not in mountinfo")))
+}
+
+/// Read up to `limit` bytes of what `pid`'s descriptor `fd` has open, from
+/// offset 0 (for a deleted or moved file, through `/proc/PID/fd/N`).
+pub fn read_through_fd(pid: u32, fd: u32, limit: usize) -> io::Result<Vec<u8>> {
+    let f = rustix::fs::open(
+        format!("/proc/{pid}/fd/{fd}"),
+        OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NONBLOCK | OFlags::NOCTTY,
+        Mode::empty(),
+    )?;
+    let st = rustix::fs::fstat(&f)?;
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
+        return Ok(Vec::new());
+    }
+    read_at_most(f.as_fd(), st.st_size.max(0) as usize, limit)
+}
+
+/// Read a regular file from offset 0: one `pread` sized from `hint` (its
+/// `st_size`), more only if the file grew; at most `limit + 1` bytes, so an
+/// oversized file is seen as such.
+pub fn read_at_most(fd: BorrowedFd<'_>, hint: usize, limit: usize) -> io::Result<Vec<u8>> {
+    let cap = limit + 1;
+    let mut buf = vec![0u8; (hint + 4096).min(cap)];
+    let mut len = 0;
+    loop {
+        match rustix::io::pread(fd, &mut buf[len..], len as u64) {
+            Ok(0) => break,
+            Ok(n) => {
+                len += n;
+                if len < buf.len() {
+                    // A short read of a regular file is its end.
+                    break;
+                }
+                if buf.len() == cap {
+                    break;
+                }
+                let grow = (buf.len() * 2).min(cap);
+                buf.resize(grow, 0);
+            }
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    buf.truncate(len);
+    Ok(buf)
 }
 
 /// Every PID visible in `/proc`.
@@ -176,10 +376,43 @@ mod tests {
     fn identity_of_this_process() {
         let id = current();
         assert_eq!(id.pid, std::process::id());
+        assert_eq!(pid(), std::process::id());
         assert!(id.proc_start.is_some());
         assert!(id.boot_id.is_some());
         assert!(id.pid_ns.is_some());
+        assert!(id.proc_is_ours);
         assert_eq!(start_time(id.pid), id.proc_start);
         assert!(std::ptr::eq(id, current()));
+    }
+
+    #[test]
+    fn fd_paths_and_own_locks() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        let f = std::fs::File::create(&p).unwrap();
+        let canon = std::fs::canonicalize(&p).unwrap();
+        assert_eq!(fd_path(f.as_fd()).unwrap(), canon.as_os_str().as_bytes());
+        assert_eq!(own_lock(f.as_fd()).unwrap(), None);
+        rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).unwrap();
+        let k = own_lock(f.as_fd()).unwrap().expect("a lock line");
+        let st = rustix::fs::fstat(&f).unwrap();
+        assert_eq!(k.ino, st.st_ino);
+        assert_eq!(kernel_device(f.as_fd()).unwrap(), (k.major, k.minor));
+        assert_eq!(
+            holding_fd(pid(), k),
+            FdScan::Found(f.as_fd().as_raw_fd_u32())
+        );
+        let bytes = read_through_fd(pid(), f.as_fd().as_raw_fd_u32(), 10).unwrap();
+        assert!(bytes.is_empty());
+    }
+
+    trait RawU32 {
+        fn as_raw_fd_u32(&self) -> u32;
+    }
+    impl RawU32 for BorrowedFd<'_> {
+        fn as_raw_fd_u32(&self) -> u32 {
+            use std::os::fd::AsRawFd;
+            self.as_raw_fd() as u32
+        }
     }
 }

@@ -7,7 +7,7 @@ use std::io::{BufRead, Write};
 use std::os::unix::process::CommandExt;
 
 use serde_json::{json, Value};
-use sidelease::{inspect, Error, Lease, Options, Wait};
+use sidelease::{inspect, Error, Lease, LeaseState, Options, Wait};
 
 fn main() {
     let mut handles: HashMap<u64, Lease> = HashMap::new();
@@ -76,9 +76,21 @@ fn run(cmd: &Value, handles: &mut HashMap<u64, Lease>, next: &mut u64, execs: u6
                 json!({"ok": false, "error": {"kind": "protocol", "message": "no such handle"}})
             }
         },
+        "state" => match handles.get(&handle()) {
+            Some(l) => state_json(l),
+            None => {
+                json!({"ok": false, "error": {"kind": "protocol", "message": "no such handle"}})
+            }
+        },
+        "wait_lost" => match handles.get(&handle()) {
+            Some(l) => wait_lost(l, cmd["timeout"].as_f64().unwrap_or(5.0)),
+            None => {
+                json!({"ok": false, "error": {"kind": "protocol", "message": "no such handle"}})
+            }
+        },
         "inspect" => match options(cmd).and_then(|o| inspect(target(cmd), &o)) {
             Ok(i) => {
-                json!({"ok": true, "inspect": serde_json::to_value(&i).unwrap_or(Value::Null)})
+                json!({"ok": true, "inspect": serde_json::from_str::<Value>(&i.to_json()).unwrap_or(Value::Null)})
             }
             Err(e) => error_json(&e),
         },
@@ -126,7 +138,9 @@ fn stress(cmd: &Value) -> Value {
     let me = std::process::id().to_string();
     let timeout = cmd["timeout"].as_f64().unwrap_or(5.0);
     let opts = match Wait::from_secs_f64(timeout) {
-        Ok(w) => Options::new().wait(w),
+        Ok(w) => Options::new()
+            .wait(w)
+            .split_guard(cmd["split_guard"].as_bool().unwrap_or(true)),
         Err(e) => return error_json(&e),
     };
     let (mut done, mut overlaps, mut timeouts) = (0u64, 0u64, 0u64);
@@ -178,10 +192,45 @@ fn options(cmd: &Value) -> Result<Options, Error> {
     if let Some(b) = cmd["split_guard"].as_bool() {
         o = o.split_guard(b);
     }
+    if let Some(b) = cmd["watch"].as_bool() {
+        o = o.watch(b);
+    }
     if let Some(b) = cmd["allow_unsupported_fs"].as_bool() {
         o = o.allow_unsupported_fs(b);
     }
     Ok(o)
+}
+
+fn state_json(l: &Lease) -> Value {
+    let st = l.state();
+    let reason = match &st {
+        LeaseState::Lost(lost) => json!(lost.reason),
+        _ => Value::Null,
+    };
+    json!({"ok": true, "state": st.as_str(), "reason": reason})
+}
+
+/// Wait on the lease's lost descriptor (as an event loop would) for up to
+/// `timeout` seconds.
+fn wait_lost(l: &Lease, timeout: f64) -> Value {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let start = std::time::Instant::now();
+    let fd = match l.lost_fd() {
+        Ok(fd) => fd,
+        Err(e) => return error_json(&e),
+    };
+    let ms = (timeout * 1000.0) as i64;
+    let ts = Timespec {
+        tv_sec: ms / 1000,
+        tv_nsec: (ms % 1000) * 1_000_000,
+    };
+    let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+    let _ = poll(&mut fds, Some(&ts));
+    let lost = !fds[0].revents().is_empty();
+    let mut v = state_json(l);
+    v["lost"] = json!(lost);
+    v["elapsed_ms"] = json!(start.elapsed().as_secs_f64() * 1000.0);
+    v
 }
 
 fn lease_json(id: u64, l: &Lease) -> Value {

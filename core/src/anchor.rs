@@ -1,0 +1,284 @@
+//! Re-anchoring (DESIGN §4a): when a held lease's path no longer names a
+//! file the lease has locked — deleted, moved away, renamed over — the
+//! holder opens the path again (creating it), locks whatever it names now,
+//! checks its identity and writes its record there with its own generation,
+//! so the kernel itself refuses every later contender in every namespace.
+//! If another process locked the new file first, or the file cannot be put
+//! back for longer than the slow re-check, the lease is lost.
+
+use std::os::fd::BorrowedFd;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rustix::fs::{FlockOperation, Mode, OFlags};
+use rustix::io::Errno;
+
+use crate::error::Lost;
+use crate::holders;
+use crate::lease::{write_padded, Anchor, Phase, Shared, State};
+use crate::platform::process;
+use crate::record::{self, Content, Record};
+use crate::registry::{self, Flight, Key};
+use crate::watch;
+
+/// How soon to try again when the lease file could not be put back.
+const RETRY: Duration = Duration::from_millis(250);
+/// Most descriptors one lease keeps (each a former lease file still locked
+/// so processes that opened it earlier stay excluded); beyond, the oldest
+/// former ones are let go (their contenders re-check identity anyway).
+const MAX_ANCHORS: usize = 16;
+
+enum Outcome {
+    Whole,
+    Retry(Instant),
+    Lost(Lost),
+}
+
+/// Look at a held lease: is its path still one of its files? If not, put it
+/// back. `sweep`: this is the slow periodic check, so also rewrite a record
+/// someone overwrote. Returns when to look again, if the lease file could
+/// not be put back yet.
+pub(crate) fn check(shared: &Arc<Shared>, sweep: bool) -> Option<Instant> {
+    match check_inner(shared, sweep) {
+        Outcome::Whole => None,
+        Outcome::Retry(at) => Some(at),
+        Outcome::Lost(l) => {
+            shared.mark_lost(l);
+            None
+        }
+    }
+}
+
+fn check_inner(shared: &Arc<Shared>, sweep: bool) -> Outcome {
+    let path = &shared.lease_path;
+    if !matches!(shared.state().phase, Phase::Held) {
+        return Outcome::Whole;
+    }
+    let now_names = match rustix::fs::lstat(path) {
+        Ok(st) => Some((st.st_dev, st.st_ino)),
+        Err(Errno::NOENT) => None,
+        Err(e) => return failing(shared, &format!("lstat failed: {e}")),
+    };
+    {
+        let mut st = shared.state();
+        if let Some(key) = now_names {
+            if let Some(i) = st.anchors.iter().position(|a| a.key == key) {
+                st.failing_since = None;
+                if sweep {
+                    rewrite_if_overwritten(shared, &mut st.anchors[i]);
+                }
+                return Outcome::Whole;
+            }
+        }
+    }
+    reanchor(shared, now_names.is_some())
+}
+
+/// A record someone overwrote in place while the lease is held is written
+/// again (the slow sweep only: watching writes would wake the watcher on
+/// every acquisition's own write).
+fn rewrite_if_overwritten(shared: &Shared, a: &mut Anchor) {
+    if !a.writable {
+        return;
+    }
+    let Ok(bytes) = process::read_at_most(a.fd(), a.len, record::RECORD_MAX_BYTES) else {
+        return;
+    };
+    let trimmed = bytes.trim_ascii_end();
+    if trimmed == a.line.trim_ascii_end() {
+        return;
+    }
+    if let Ok(n) = write_padded(a.fd(), &shared.lease_path, &a.line, bytes.len()) {
+        a.len = n;
+    }
+}
+
+fn failing(shared: &Shared, why: &str) -> Outcome {
+    let now = Instant::now();
+    let since = *shared.state().failing_since.get_or_insert(now);
+    let period = watch::recheck_period();
+    if now.duration_since(since) >= period {
+        return Outcome::Lost(Lost {
+            lease_path: shared.lease_path.clone(),
+            reason: format!(
+                "the lease file could not be put back at its path for {:.0}s ({why})",
+                period.as_secs_f64()
+            ),
+            holders: Vec::new(),
+        });
+    }
+    Outcome::Retry(now + RETRY.min(period))
+}
+
+fn reanchor(shared: &Arc<Shared>, replaced: bool) -> Outcome {
+    let path = &shared.lease_path;
+    // Threads of this process acquiring the same lease wait for the
+    // re-anchor (and then share it) instead of racing it for the new file.
+    let id = registry::attempt_id();
+    let flight = match Flight::claim(path, id, Instant::now() + Duration::from_secs(1), |_| {
+        None::<()>
+    }) {
+        Ok(f) => f,
+        Err(_) => return Outcome::Retry(Instant::now() + Duration::from_millis(1)),
+    };
+    let mut st = shared.state();
+    if !matches!(st.phase, Phase::Held) {
+        return Outcome::Whole;
+    }
+    let mut rounds = 0;
+    let (anchor, key) = loop {
+        rounds += 1;
+        if rounds > 8 {
+            drop(st);
+            return failing(shared, "the file kept being replaced");
+        }
+        let (fd, slot, writable) = match open_for_anchor(path, shared.create_mode) {
+            Ok(r) => r,
+            Err(e) => {
+                drop(st);
+                drop(flight);
+                return failing(
+                    shared,
+                    &format!("open failed: {}", crate::error::os_message(&e)),
+                );
+            }
+        };
+        // SAFETY: open until closed below or handed to the anchor.
+        let bfd = unsafe { BorrowedFd::borrow_raw(fd) };
+        let Ok(fst) = rustix::fs::fstat(bfd) else {
+            registry::close_listed(fd, slot);
+            continue;
+        };
+        let key: Key = (fst.st_dev, fst.st_ino);
+        match rustix::fs::flock(bfd, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => {}
+            Err(Errno::WOULDBLOCK) | Err(Errno::INTR) => {
+                let lost = rival(shared, bfd, replaced);
+                registry::close_listed(fd, slot);
+                return Outcome::Lost(lost);
+            }
+            Err(_) => {
+                registry::close_listed(fd, slot);
+                continue;
+            }
+        }
+        match rustix::fs::lstat(path) {
+            Ok(now) if (now.st_dev, now.st_ino) == key => {}
+            _ => {
+                let _ = rustix::fs::flock(bfd, FlockOperation::Unlock);
+                registry::close_listed(fd, slot);
+                continue;
+            }
+        }
+        let rec = Record {
+            device: Some(key.0),
+            inode: Some(key.1),
+            // This holder did not check the new file for orphans (it holds
+            // one itself): the next holder must run the guard.
+            split_checked: Some(false),
+            ..shared.record.clone()
+        };
+        let line = rec.to_line();
+        let size = fst.st_size.max(0) as usize;
+        let len = if writable {
+            write_padded(bfd, path, &line, size).unwrap_or(size)
+        } else {
+            size
+        };
+        break (
+            Anchor {
+                fd,
+                slot,
+                key,
+                writable,
+                line,
+                len,
+            },
+            key,
+        );
+    };
+    let fd = anchor.fd;
+    push_anchor(&mut st, anchor);
+    st.failing_since = None;
+    drop(st);
+    // SAFETY: the anchor keeps it open; the watcher is the only closer
+    // besides release, which waits for the state lock we just dropped.
+    watch::add_anchor(shared, unsafe { BorrowedFd::borrow_raw(fd) });
+    let reg = registry::get();
+    let mut g = reg.lock();
+    if matches!(shared.state().phase, Phase::Held) {
+        g.insert(key, shared.clone());
+    }
+    flight.end_locked(&mut g);
+    Outcome::Whole
+}
+
+fn push_anchor(st: &mut State, anchor: Anchor) {
+    st.anchors.push(anchor);
+    while st.anchors.len() > MAX_ANCHORS {
+        // Keep the first (an inherited descriptor may be its copy) and the
+        // newest; let the oldest in between go.
+        let old = st.anchors.remove(1);
+        if st.inherited == Some(old.key) {
+            st.anchors.insert(1, old);
+            break;
+        }
+        let _ = rustix::fs::flock(old.fd(), FlockOperation::Unlock);
+        registry::close_listed(old.fd, old.slot);
+    }
+}
+
+fn open_for_anchor(path: &Path, mode: u32) -> std::io::Result<(i32, u32, bool)> {
+    let base = OFlags::CLOEXEC | OFlags::NOFOLLOW | OFlags::NOCTTY;
+    let open = |flags: OFlags| {
+        registry::open_listed(|| Ok(rustix::fs::open(path, flags, Mode::from_raw_mode(mode))?))
+    };
+    let flatten =
+        |r: std::io::Result<crate::error::Result<(i32, u32)>>| -> std::io::Result<(i32, u32)> {
+            r?.map_err(|e| std::io::Error::other(e.to_string()))
+        };
+    match open(base | OFlags::RDWR | OFlags::CREATE) {
+        Ok(r) => flatten(Ok(r)).map(|(fd, slot)| (fd, slot, true)),
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EACCES) | Some(libc::EROFS) | Some(libc::EPERM)
+            ) =>
+        {
+            flatten(open(base | OFlags::RDONLY)).map(|(fd, slot)| (fd, slot, false))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Another process locked the file now at the path: who, and what happened.
+fn rival(shared: &Shared, fd: BorrowedFd<'_>, replaced: bool) -> Lost {
+    let bytes = process::read_at_most(fd, 4096, record::RECORD_MAX_BYTES).unwrap_or_default();
+    let rec = Content::parse(&bytes).record().cloned();
+    let holders = holders::holders_of(fd, rec.as_ref().and_then(|r| r.pid));
+    let who = match (&rec, holders.first()) {
+        (Some(r), _) if r.pid.is_some() => format!(
+            "pid {}{}",
+            r.pid.unwrap_or_default(),
+            r.runtime
+                .as_ref()
+                .map(|rt| format!(" ({rt})"))
+                .unwrap_or_default()
+        ),
+        (_, Some(p)) => format!("pid {p}"),
+        _ => "another process".to_string(),
+    };
+    let what = if replaced {
+        "was replaced by another file"
+    } else {
+        "was deleted or moved away"
+    };
+    Lost {
+        lease_path: shared.lease_path.clone(),
+        reason: format!(
+            "the lease file {what} while held, and {who} holds the file now at its path"
+        ),
+        holders,
+    }
+}

@@ -1,0 +1,208 @@
+//! The split-domain guard (DESIGN §3.8): is a live process still holding a
+//! former lease file of this lease — deleted, moved away, replaced, or the
+//! same file reached through another mount of the directory?
+//!
+//! Former lease files are recognised by identity, never by the text of a
+//! `/proc/PID/fd` link: every exclusive flock on the same device (as the
+//! kernel's lock list names devices) is a candidate; its holder is found
+//! through `/proc/locks` and, when the PID listed there is gone or reused,
+//! through every process's fdinfo; the candidate is an orphan of this lease
+//! when the record inside it (read through the holder's descriptor) names
+//! this lease's directory and file name.
+
+use std::collections::HashSet;
+use std::ffi::OsStr;
+use std::os::fd::BorrowedFd;
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::error::Result;
+use crate::platform::locks::{self, FlockLock};
+use crate::platform::process::{self, FdScan, KernelKey};
+use crate::record::{self, Content, Record};
+
+/// A live process holding a former lease file of this lease.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Orphan {
+    pub pid: u32,
+    pub inode: u64,
+    #[serde(skip)]
+    pub fd: Option<u32>,
+    /// The record inside it, read through the holder's descriptor.
+    #[serde(skip)]
+    pub record: Option<Record>,
+}
+
+/// The lease being checked.
+pub(crate) struct Me<'a> {
+    pub lease_path: &'a Path,
+    pub name: &'a OsStr,
+    /// Its directory as (device, inode).
+    pub dir: (u64, u64),
+}
+
+impl Me<'_> {
+    fn owns(&self, r: &Record) -> bool {
+        r.names_lease(
+            self.dir,
+            &self.name.to_string_lossy(),
+            &self.lease_path.to_string_lossy(),
+        )
+    }
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Scan {
+    pub orphans: Vec<Orphan>,
+    /// Exclusive flock locks on the device that could not be attributed:
+    /// their holder's descriptors or content were not readable by this user,
+    /// or no visible process holds them.
+    pub unattributed: usize,
+    /// Whether the scan saw every lock that could matter.
+    pub complete: bool,
+}
+
+pub(crate) struct Outcome {
+    pub orphan: Option<Orphan>,
+    pub complete: bool,
+}
+
+/// The guard of an acquisition that holds the lock through `fd`: the first
+/// orphan found, and whether the check was complete.
+pub(crate) fn check(fd: BorrowedFd<'_>, me: &Me<'_>) -> Result<Outcome> {
+    let key = match process::own_lock(fd) {
+        Ok(Some(k)) => k,
+        // No fdinfo to read (no /proc): nothing can be seen.
+        _ => {
+            return Ok(Outcome {
+                orphan: None,
+                complete: false,
+            })
+        }
+    };
+    let s = scan(key.major, key.minor, Some(key.ino), me, true);
+    Ok(Outcome {
+        orphan: s.orphans.into_iter().next(),
+        complete: s.complete,
+    })
+}
+
+/// Every orphan of this lease among the exclusive flock locks on the
+/// device `(major, minor)` (kernel numbering), except on the inode the path
+/// names now (`current`). `first_only` stops at the first one.
+pub(crate) fn scan(
+    major: u32,
+    minor: u32,
+    current: Option<u64>,
+    me: &Me<'_>,
+    first_only: bool,
+) -> Scan {
+    let mut out = Scan::default();
+    let Ok(all) = locks::flock_locks_on(major, minor) else {
+        return out; // incomplete: no kernel view
+    };
+    let candidates: Vec<&FlockLock> = all
+        .iter()
+        .filter(|l| l.exclusive && Some(l.ino) != current)
+        .collect();
+    let mut unresolved: Vec<KernelKey> = Vec::new();
+    for l in candidates {
+        let key = KernelKey {
+            major,
+            minor,
+            ino: l.ino,
+        };
+        match process::holding_fd(l.pid, key) {
+            FdScan::Found(fd) => {
+                examine(&mut out, me, l.pid, fd, key);
+                if first_only && !out.orphans.is_empty() {
+                    return out;
+                }
+            }
+            FdScan::Denied => out.unattributed += 1,
+            // The PID the kernel lists took the lock but is gone (or is
+            // another process now): whoever kept its descriptor holds it.
+            FdScan::NotFound | FdScan::Gone => unresolved.push(key),
+        }
+    }
+    if !unresolved.is_empty() {
+        let found = find_holders(&unresolved);
+        for (key, pid, fd) in &found {
+            examine(&mut out, me, *pid, *fd, *key);
+            if first_only && !out.orphans.is_empty() {
+                return out;
+            }
+        }
+        let seen: HashSet<u64> = found.iter().map(|(k, _, _)| k.ino).collect();
+        let missing: Vec<u64> = unresolved
+            .iter()
+            .map(|k| k.ino)
+            .filter(|i| !seen.contains(i))
+            .collect();
+        if !missing.is_empty() {
+            // A lock whose holder was found nowhere may simply be gone by
+            // now (its process exited during the scan): count only those
+            // the kernel still lists.
+            let still = locks::flock_locks_on(major, minor).unwrap_or(all.clone());
+            out.unattributed += missing
+                .iter()
+                .filter(|i| still.iter().any(|l| l.exclusive && l.ino == **i))
+                .count();
+        }
+    }
+    out.complete = out.unattributed == 0 && process::current().sees_everything();
+    out
+}
+
+/// Is the lock `key`, held by `pid` through `fd`, a former file of this
+/// lease? Its record says.
+fn examine(out: &mut Scan, me: &Me<'_>, pid: u32, fd: u32, key: KernelKey) {
+    match process::read_through_fd(pid, fd, record::RECORD_MAX_BYTES) {
+        Ok(bytes) => {
+            if let Content::Record(r) = Content::parse(&bytes) {
+                if me.owns(&r) {
+                    out.orphans.push(Orphan {
+                        pid,
+                        inode: key.ino,
+                        fd: Some(fd),
+                        record: Some(*r),
+                    });
+                }
+            }
+            // Anything else is not a sidelease lease file, or another one.
+        }
+        Err(_) => out.unattributed += 1,
+    }
+}
+
+/// Look through every visible process for the descriptors that own the
+/// given locks (one pass for all of them).
+fn find_holders(keys: &[KernelKey]) -> Vec<(KernelKey, u32, u32)> {
+    let mut found = Vec::new();
+    let mut left: Vec<KernelKey> = keys.to_vec();
+    for pid in process::all_pids().unwrap_or_default() {
+        if left.is_empty() {
+            break;
+        }
+        let FdScan::Found(fds) = process::fds_of(pid) else {
+            continue;
+        };
+        for fd in fds {
+            let Ok(st) = rustix::fs::stat(format!("/proc/{pid}/fd/{fd}")) else {
+                continue;
+            };
+            if let Some(i) = left.iter().position(|k| k.ino == st.st_ino) {
+                let key = left[i];
+                if process::fd_holds(pid, fd, key) {
+                    found.push((key, pid, fd));
+                    left.swap_remove(i);
+                    if left.is_empty() {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    found
+}
