@@ -59,6 +59,17 @@ const SAFETY_RECHECK: Duration = Duration::from_millis(100);
 const POLL_MIN: Duration = Duration::from_millis(1);
 const POLL_MAX: Duration = Duration::from_millis(50);
 
+/// How long an acquisition that could not check for orphans itself (split
+/// guard off, or blind: another PID namespace, other users' locks) gives a
+/// holder to put back a lease file someone just deleted or replaced, before
+/// trusting a file that young: a holder's watch re-anchors within
+/// microseconds, but a contender that opens the new file in between would
+/// otherwise win it. Only files younger than this wait, and only once.
+const REANCHOR_GRACE: Duration = Duration::from_millis(20);
+/// The most one acquisition spends in graces: a file replaced faster than
+/// the grace, over and over, must not starve it.
+const GRACE_BUDGET: Duration = Duration::from_millis(200);
+
 /// The default mode of a new lease file (before the umask).
 pub(crate) const CREATE_MODE: u32 = 0o644;
 
@@ -72,6 +83,15 @@ struct OpenFile {
     /// The canonical lease path, from the kernel.
     canon: PathBuf,
     size: usize,
+    /// How long ago the file was created (`None`: the filesystem does not
+    /// say).
+    age: Option<Duration>,
+    /// A lock attempt on it failed before: it was held, and whoever held it
+    /// let go (no grace needed once it is ours).
+    waited: bool,
+    /// It was given its grace already. Tracked per open descriptor, which
+    /// pins the inode: a later file may reuse the inode number.
+    graced: bool,
 }
 
 impl OpenFile {
@@ -123,6 +143,10 @@ pub struct Pending {
     started: Instant,
     hot: usize,
     poll_backoff: Duration,
+    /// While a young lease file is given its grace: until when.
+    grace_until: Option<Instant>,
+    /// Time spent in graces so far.
+    grace_spent: Duration,
 }
 
 impl Pending {
@@ -140,6 +164,8 @@ impl Pending {
             started: Instant::now(),
             hot: HOT_RETRIES.len(),
             poll_backoff: POLL_MIN,
+            grace_until: None,
+            grace_spent: Duration::ZERO,
         })
     }
 
@@ -156,8 +182,16 @@ impl Pending {
         path::target_of(self.lease_path(), &self.opts.suffix)
     }
 
-    /// One non-blocking attempt. `Ok(None)`: someone else holds the lease.
+    /// One non-blocking attempt. `Ok(None)`: someone else holds the lease
+    /// (or a young lease file is being given its grace).
     pub fn try_acquire(&mut self) -> Result<Option<Lease>> {
+        if let Some(until) = self.grace_until {
+            // A wake-up does not cut a grace short.
+            if Instant::now() < until {
+                return Ok(None);
+            }
+            self.grace_until = None;
+        }
         let mut rounds = 0;
         let mut rechecked = false;
         let mut spins = 0;
@@ -192,6 +226,9 @@ impl Pending {
                 Ok(()) => {}
                 Err(Errno::WOULDBLOCK) | Err(Errno::INTR) => {
                     drop(flight);
+                    if let Some(of) = self.open.as_mut() {
+                        of.waited = true;
+                    }
                     // Another thread of this process may have just won it.
                     if let Some(s) = registry::get().lock().share(key) {
                         self.open = None;
@@ -267,6 +304,24 @@ impl Pending {
                 }
                 outcome.complete
             };
+            if !split_checked && !of.waited && !of.graced && self.grace_spent < GRACE_BUDGET {
+                if let Some(wait) = young(of.age, &previous, REANCHOR_GRACE) {
+                    self.grace_spent += wait;
+                    // Give a holder of a former file the moment it needs to
+                    // put it back (then the kernel refuses us).
+                    let _ = rustix::fs::flock(of.fd(), FlockOperation::Unlock);
+                    drop(flight);
+                    if let Some(of) = self.open.as_mut() {
+                        of.graced = true;
+                    }
+                    if self.opts.wait == Wait::NoWait {
+                        std::thread::sleep(wait);
+                        continue;
+                    }
+                    self.grace_until = Some(Instant::now() + wait);
+                    return Ok(None);
+                }
+            }
             let lease = self.complete(previous, &bytes, dir, split_checked, flight)?;
             if let Some(t) = ticket {
                 watch::attach(t, &lease.shared_arc());
@@ -377,11 +432,14 @@ impl Pending {
             epoch: registry::epoch(),
             canon: PathBuf::new(),
             size: 0,
+            age: None,
+            waited: false,
+            graced: false,
         };
         let Some(canon) = path::canonical_from_fd(of.fd(), &self.spelled) else {
             return Ok(Opened::Moved);
         };
-        let st = rustix::fs::fstat(of.fd()).map_err(|e| Error::io("fstat", &canon, e))?;
+        let st = stat_with_age(of.fd()).map_err(|e| Error::io("statx", &canon, e))?;
         if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
             return Err(Error::io(
                 "open",
@@ -395,7 +453,8 @@ impl Pending {
         fskind::check_fd(of.fd(), st.st_dev, &canon, self.opts.allow_unsupported_fs)?;
         of.key = (st.st_dev, st.st_ino);
         of.canon = canon;
-        of.size = st.st_size.max(0) as usize;
+        of.size = st.st_size as usize;
+        of.age = st.age;
         Ok(Opened::File(of))
     }
 
@@ -530,6 +589,9 @@ impl Pending {
 
     /// How long to sleep before the next attempt if no event comes.
     pub fn next_check(&mut self) -> Duration {
+        if let Some(until) = self.grace_until {
+            return until.saturating_duration_since(Instant::now());
+        }
         if self.hot < HOT_RETRIES.len() {
             self.hot += 1;
             return HOT_RETRIES[self.hot - 1];
@@ -678,6 +740,53 @@ impl Pending {
 fn vouched_for(previous: &Content, (dev, ino): Key) -> bool {
     matches!(previous, Content::Record(r)
         if r.inode == Some(ino) && r.device == Some(dev) && r.split_checked == Some(true))
+}
+
+/// What `statx` says of an open lease file.
+struct FileStat {
+    st_mode: u32,
+    st_dev: u64,
+    st_ino: u64,
+    st_nlink: u64,
+    st_size: u64,
+    age: Option<Duration>,
+}
+
+/// `fstat` plus the file's age, in the one system call `statx` makes.
+fn stat_with_age(fd: BorrowedFd<'_>) -> std::io::Result<FileStat> {
+    use rustix::fs::{AtFlags, StatxFlags};
+    let x = rustix::fs::statx(
+        fd,
+        "",
+        AtFlags::EMPTY_PATH,
+        StatxFlags::BASIC_STATS | StatxFlags::BTIME,
+    )?;
+    let age = (x.stx_mask & StatxFlags::BTIME.bits() != 0).then(|| {
+        let born = std::time::UNIX_EPOCH
+            + Duration::new(x.stx_btime.tv_sec.max(0) as u64, x.stx_btime.tv_nsec);
+        std::time::SystemTime::now()
+            .duration_since(born)
+            .unwrap_or_default()
+    });
+    Ok(FileStat {
+        st_mode: u32::from(x.stx_mode),
+        st_dev: rustix::fs::makedev(x.stx_dev_major, x.stx_dev_minor),
+        st_ino: x.stx_ino,
+        st_nlink: u64::from(x.stx_nlink),
+        st_size: x.stx_size,
+        age,
+    })
+}
+
+/// Is this lease file young enough that a holder of a former one may not
+/// have put it back yet? How much longer to wait if so. Without a birth time
+/// a file with no record in it counts as new.
+fn young(age: Option<Duration>, previous: &Content, grace: Duration) -> Option<Duration> {
+    match age {
+        Some(a) if a < grace => Some(grace - a),
+        Some(_) => None,
+        None => matches!(previous, Content::Empty | Content::Unreadable).then_some(grace),
+    }
 }
 
 /// One more than the previous holder's generation; a generation that cannot

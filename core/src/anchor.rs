@@ -24,6 +24,12 @@ use crate::watch;
 
 /// How soon to try again when the lease file could not be put back.
 const RETRY: Duration = Duration::from_millis(250);
+/// A new lease file found locked is not lost at once: a contender that
+/// could not check for orphans locks a young file only for a moment before
+/// it gives the holder its grace (see `acquire::REANCHOR_GRACE`). Retry
+/// this often, for this long, before calling the lease lost.
+const CONTENDED_RETRY: Duration = Duration::from_millis(1);
+const CONTENDED_FOR: Duration = Duration::from_millis(30);
 /// Most descriptors one lease keeps (each a former lease file still locked
 /// so processes that opened it earlier stay excluded); beyond, the oldest
 /// former ones are let go (their contenders re-check identity anyway).
@@ -56,6 +62,10 @@ fn check_inner(shared: &Arc<Shared>, sweep: bool) -> Outcome {
         return Outcome::Whole;
     }
     let now_names = match rustix::fs::lstat(path) {
+        // An unlink notifies before the name leaves the dentry cache, so a
+        // look right after the event can still find the unlinked file: its
+        // link count (already 0) tells.
+        Ok(st) if st.st_nlink == 0 => None,
         Ok(st) => Some((st.st_dev, st.st_ino)),
         Err(Errno::NOENT) => None,
         Err(e) => return failing(shared, &format!("lstat failed: {e}")),
@@ -65,6 +75,7 @@ fn check_inner(shared: &Arc<Shared>, sweep: bool) -> Outcome {
         if let Some(key) = now_names {
             if let Some(i) = st.anchors.iter().position(|a| a.key == key) {
                 st.failing_since = None;
+                st.contended_since = None;
                 if sweep {
                     rewrite_if_overwritten(shared, &mut st.anchors[i]);
                 }
@@ -154,6 +165,12 @@ fn reanchor(shared: &Arc<Shared>, replaced: bool) -> Outcome {
         match rustix::fs::flock(bfd, FlockOperation::NonBlockingLockExclusive) {
             Ok(()) => {}
             Err(Errno::WOULDBLOCK) | Err(Errno::INTR) => {
+                let now = Instant::now();
+                let since = *st.contended_since.get_or_insert(now);
+                if now.duration_since(since) < CONTENDED_FOR {
+                    registry::close_listed(fd, slot);
+                    return Outcome::Retry(now + CONTENDED_RETRY);
+                }
                 let lost = rival(shared, bfd, replaced);
                 registry::close_listed(fd, slot);
                 return Outcome::Lost(lost);
@@ -163,8 +180,12 @@ fn reanchor(shared: &Arc<Shared>, replaced: bool) -> Outcome {
                 continue;
             }
         }
+        // Watched before the identity check, so a replacement after the
+        // check is an event (the watch stays on a file we end up not
+        // holding; it is removed when it next fires).
+        watch::add_anchor(shared, bfd);
         match rustix::fs::lstat(path) {
-            Ok(now) if (now.st_dev, now.st_ino) == key => {}
+            Ok(now) if (now.st_dev, now.st_ino) == key && now.st_nlink > 0 => {}
             _ => {
                 let _ = rustix::fs::flock(bfd, FlockOperation::Unlock);
                 registry::close_listed(fd, slot);
@@ -198,13 +219,10 @@ fn reanchor(shared: &Arc<Shared>, replaced: bool) -> Outcome {
             key,
         );
     };
-    let fd = anchor.fd;
     push_anchor(&mut st, anchor);
     st.failing_since = None;
+    st.contended_since = None;
     drop(st);
-    // SAFETY: the anchor keeps it open; the watcher is the only closer
-    // besides release, which waits for the state lock we just dropped.
-    watch::add_anchor(shared, unsafe { BorrowedFd::borrow_raw(fd) });
     let reg = registry::get();
     let mut g = reg.lock();
     if matches!(shared.state().phase, Phase::Held) {

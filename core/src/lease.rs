@@ -55,6 +55,9 @@ pub(crate) struct State {
     pub callbacks: Vec<Callback>,
     /// The lease file could not be put back since then.
     pub failing_since: Option<std::time::Instant>,
+    /// The file now at the path was found locked by another process since
+    /// then.
+    pub contended_since: Option<std::time::Instant>,
 }
 
 /// One lease held by this process. Shared by every handle of the lease;
@@ -109,6 +112,7 @@ impl Shared {
                 inherited: None,
                 callbacks: Vec::new(),
                 failing_since: None,
+                contended_since: None,
             }),
             lost_fd: OnceLock::new(),
         }

@@ -229,7 +229,6 @@ impl Watcher {
     fn read_events(&self, buf: &mut [MaybeUninit<u8>], check: &mut Vec<Arc<Shared>>) -> bool {
         let mut overflow = false;
         let mut reader = inotify::Reader::new(self.inotify.as_fd(), buf);
-        let mut unheld = Vec::new();
         // Until EAGAIN: drained.
         while let Ok(ev) = reader.next() {
             let (wd, flags) = (ev.wd(), ev.events());
@@ -249,14 +248,13 @@ impl Watcher {
                 Some(s) => check.push(s),
                 None if e.pending > 0 => e.dirty = true,
                 None => {
+                    // A file nobody here holds any more: stop hearing about
+                    // it. Under the lock, so an acquisition that is adding
+                    // this very watch again cannot lose it.
                     st.entries.remove(&wd);
-                    unheld.push(wd);
+                    let _ = inotify::remove_watch(&self.inotify, wd);
                 }
             }
-        }
-        for wd in unheld {
-            // A file nobody here holds any more: stop hearing about it.
-            let _ = inotify::remove_watch(&self.inotify, wd);
         }
         overflow
     }
@@ -295,8 +293,11 @@ impl Drop for Ticket {
 pub(crate) fn begin(fd: BorrowedFd<'_>) -> Option<Ticket> {
     let w = watcher()?;
     w.ensure_running();
+    // Added and counted under the lock: the watcher removes unowned watches
+    // under it too.
+    let mut st = w.state();
     let wd = add(w, fd)?;
-    w.state().entries.entry(wd).or_default().pending += 1;
+    st.entries.entry(wd).or_default().pending += 1;
     Some(Ticket { wd })
 }
 
@@ -328,8 +329,9 @@ pub(crate) fn attach(t: Ticket, shared: &Arc<Shared>) {
 /// Watch one more file of a held lease (a re-anchored one).
 pub(crate) fn add_anchor(shared: &Arc<Shared>, fd: BorrowedFd<'_>) {
     let Some(w) = watcher() else { return };
+    let mut st = w.state();
     if let Some(wd) = add(w, fd) {
-        w.state().entries.entry(wd).or_default().lease = Some(Arc::downgrade(shared));
+        st.entries.entry(wd).or_default().lease = Some(Arc::downgrade(shared));
     }
 }
 

@@ -270,7 +270,7 @@ static void stress(const char *cmd) {
     sidelease_options_set_timeout_ms(o, (int64_t)(timeout * 1000));
     int guard_on;
     if (bool_field(cmd, "split_guard", &guard_on)) sidelease_options_set_split_guard(o, guard_on);
-    long done_n = 0, overlaps = 0, timeouts = 0;
+    long done_n = 0, overlaps = 0, timeouts = 0, lost = 0;
     for (long i = 0; i < (long)iterations; i++) {
         sidelease_lease *l = NULL;
         sidelease_status st = sidelease_acquire(target, o, NULL, &l);
@@ -285,11 +285,12 @@ static void stress(const char *cmd) {
         read_file(owner, buf, sizeof buf);
         if (strcmp(buf, me) != 0) overlaps++;
         write_file(owner, "-");
+        if (sidelease_lease_ensure_held(l) == SIDELEASE_ERR_LOST) lost++;
         sidelease_lease_free(l);
         done_n++;
     }
     sidelease_options_free(o);
-    printf("{\"ok\":true,\"done\":%ld,\"overlaps\":%ld,\"timeouts\":%ld}", done_n, overlaps, timeouts);
+    printf("{\"ok\":true,\"done\":%ld,\"overlaps\":%ld,\"timeouts\":%ld,\"lost\":%ld}", done_n, overlaps, timeouts, lost);
     done();
 }
 

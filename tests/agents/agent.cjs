@@ -43,7 +43,7 @@ function options(cmd) {
 
 function stress(cmd) {
   const me = String(process.pid);
-  let done = 0, overlaps = 0, timeouts = 0;
+  let done = 0, overlaps = 0, timeouts = 0, lost = 0;
   for (let i = 0; i < cmd.iterations; i++) {
     let lease;
     try {
@@ -58,10 +58,11 @@ function stress(cmd) {
     fs.writeFileSync(cmd.counter, String(n + 1));
     if (fs.readFileSync(cmd.owner, 'utf8').trim() !== me) overlaps++;
     fs.writeFileSync(cmd.owner, '-');
+    if (lease.state === 'lost') lost++;
     lease.release();
     done++;
   }
-  return { ok: true, done, overlaps, timeouts };
+  return { ok: true, done, overlaps, timeouts, lost };
 }
 
 function state(lease) {

@@ -43,7 +43,7 @@ def options(cmd: Dict[str, Any]) -> Dict[str, Any]:
 
 def stress(cmd: Dict[str, Any]) -> Dict[str, Any]:
     me = str(os.getpid())
-    done = overlaps = timeouts = 0
+    done = overlaps = timeouts = lost = 0
     for _ in range(cmd["iterations"]):
         try:
             lease = sidelease.acquire(cmd["target"], timeout=cmd["timeout"], split_guard=cmd.get("split_guard", True))
@@ -67,9 +67,10 @@ def stress(cmd: Dict[str, Any]) -> Dict[str, Any]:
             f.seek(0)
             f.write("-")
             f.truncate()
+        lost += lease.lost
         lease.release()
         done += 1
-    return {"ok": True, "done": done, "overlaps": overlaps, "timeouts": timeouts}
+    return {"ok": True, "done": done, "overlaps": overlaps, "timeouts": timeouts, "lost": lost}
 
 
 def state(lease: sidelease.Lease) -> Dict[str, Any]:

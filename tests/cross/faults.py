@@ -48,7 +48,7 @@ def _prepare(d: str) -> Tuple[str, str, str]:
     return db, counter, owner
 
 
-def _run_stress(per_process: int, copies: int, tamper: bool) -> str:
+def _run_stress(per_process: int, copies: int, tamper: bool, split_guard: bool = True) -> str:
     d = tempfile.mkdtemp(prefix="sidelease-stress-")
     db, counter, owner = _prepare(d)
     agents: List[Agent] = []
@@ -76,7 +76,7 @@ def _run_stress(per_process: int, copies: int, tamper: bool) -> str:
     try:
         agents = [Agent(rt, f"{rt}-{i}") for i in range(copies) for rt in RUNTIMES]
         cmd = {"cmd": "stress", "target": db, "counter": counter, "owner": owner,
-               "iterations": per_process, "timeout": 60}
+               "iterations": per_process, "timeout": 60, "split_guard": split_guard}
         t = threading.Thread(target=tamperer) if tamper else None
         if t:
             t.start()
@@ -93,7 +93,8 @@ def _run_stress(per_process: int, copies: int, tamper: bool) -> str:
         timeouts = sum(r["timeouts"] for r in results)
         with open(counter) as f:
             count = int(f.read())
-        assert overlaps == 0, f"{overlaps} overlaps: two holders at once"
+        detail = {a.role: (r["overlaps"], r.get("lost")) for a, r in zip(agents, results) if r["overlaps"] or r.get("lost")}
+        assert overlaps == 0, f"{overlaps} overlaps: two holders at once (overlaps, lost by agent: {detail})"
         assert count == done, f"counter {count} != {done} critical sections (lost updates)"
         per_rt = {rt: sum(r["done"] for a, r in zip(agents, results) if a.runtime == rt) for rt in RUNTIMES}
         extra = f", {tampered[0]} tamperings" if tamper else ""

@@ -118,6 +118,8 @@ fn run(cmd: &Value, handles: &mut HashMap<u64, Lease>, next: &mut u64, execs: u6
             }
         }
         "stress" => stress(cmd),
+        "threads" => threads(cmd),
+        "fork_storm" => fork_storm(cmd),
         "crash" => {
             unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
             json!({"ok": false})
@@ -143,7 +145,7 @@ fn stress(cmd: &Value) -> Value {
             .split_guard(cmd["split_guard"].as_bool().unwrap_or(true)),
         Err(e) => return error_json(&e),
     };
-    let (mut done, mut overlaps, mut timeouts) = (0u64, 0u64, 0u64);
+    let (mut done, mut overlaps, mut timeouts, mut lost) = (0u64, 0u64, 0u64, 0u64);
     let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
     for _ in 0..cmd["iterations"].as_u64().unwrap_or(0) {
         let lease = match Lease::acquire(target(cmd), &opts) {
@@ -164,10 +166,141 @@ fn stress(cmd: &Value) -> Value {
             overlaps += 1;
         }
         let _ = std::fs::write(owner, "-");
+        if lease.ensure_held().is_err() {
+            lost += 1;
+        }
         drop(lease);
         done += 1;
     }
-    json!({"ok": true, "done": done, "overlaps": overlaps, "timeouts": timeouts})
+    json!({"ok": true, "done": done, "overlaps": overlaps, "timeouts": timeouts, "lost": lost})
+}
+
+/// `threads` threads acquire one new lease at the same moment, `rounds`
+/// times (a new lease file each round, in `dir`), one attempt each: every
+/// acquisition must get a handle on the one lease, none may be refused by
+/// its own process.
+fn threads(cmd: &Value) -> Value {
+    use std::sync::{Arc, Barrier};
+    let dir = cmd["dir"].as_str().unwrap_or("").to_owned();
+    let n = cmd["threads"].as_u64().unwrap_or(8) as usize;
+    let rounds = cmd["rounds"].as_u64().unwrap_or(1000);
+    let barrier = Arc::new(Barrier::new(n));
+    let me = std::process::id();
+    let workers: Vec<_> = (0..n)
+        .map(|_| {
+            let (dir, barrier) = (dir.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                let (mut ok, mut self_refused, mut other) = (0u64, 0u64, Vec::new());
+                for r in 0..rounds {
+                    let target = format!("{dir}/round-{r}.db");
+                    barrier.wait();
+                    let got = Lease::acquire(&target, &Options::new());
+                    barrier.wait(); // all have tried while the others hold
+                    match got {
+                        Ok(l) => {
+                            ok += 1;
+                            drop(l);
+                        }
+                        Err(e) => match e.contention() {
+                            Some(c) if c.holders.contains(&me) || c.holders.is_empty() => {
+                                self_refused += 1
+                            }
+                            _ => other.push(e.to_string()),
+                        },
+                    }
+                }
+                (ok, self_refused, other)
+            })
+        })
+        .collect();
+    let (mut ok, mut self_refused, mut other) = (0, 0, Vec::new());
+    for w in workers {
+        let (o, s, e) = w.join().unwrap_or_default();
+        ok += o;
+        self_refused += s;
+        other.extend(e);
+    }
+    other.truncate(5);
+    json!({"ok": true, "acquired": ok, "refused_by_self": self_refused, "other_errors": other})
+}
+
+/// Fork `forks` times while another thread acquires and releases `target`
+/// in a loop; after each fork the child tells it is past its fork handler
+/// and waits, and its descriptors are examined: none may refer to the lease
+/// file. Then this process must still acquire the lease.
+fn fork_storm(cmd: &Value) -> Value {
+    use std::os::unix::fs::MetadataExt;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    let t = target(cmd).to_owned();
+    let forks = cmd["forks"].as_u64().unwrap_or(5000);
+    let first = match Lease::acquire(&t, &Options::new()) {
+        Ok(l) => l,
+        Err(e) => return error_json(&e),
+    };
+    let lp = first.lease_path().to_path_buf();
+    drop(first);
+    let key = match std::fs::metadata(&lp) {
+        Ok(m) => (m.dev(), m.ino()),
+        Err(e) => return json!({"ok": false, "error": {"kind": "io", "message": e.to_string()}}),
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let cycles = Arc::new(AtomicU64::new(0));
+    let worker = {
+        let (stop, cycles, t) = (stop.clone(), cycles.clone(), t.clone());
+        std::thread::spawn(move || {
+            let mut refused = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                match Lease::acquire(&t, &Options::new()) {
+                    Ok(l) => drop(l),
+                    Err(_) => refused += 1,
+                }
+                cycles.fetch_add(1, Ordering::Relaxed);
+            }
+            refused
+        })
+    };
+    let mut bad = 0u64;
+    for _ in 0..forks {
+        let mut p = [0i32; 2];
+        // SAFETY: plain pipe/fork/write/pause; the child only makes
+        // async-signal-safe calls.
+        unsafe {
+            if libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+                break;
+            }
+            let child = libc::fork();
+            if child == 0 {
+                libc::write(p[1], b"x".as_ptr().cast(), 1);
+                loop {
+                    libc::pause();
+                }
+            }
+            let mut b = 0u8;
+            libc::read(p[0], (&mut b as *mut u8).cast(), 1);
+            libc::close(p[0]);
+            libc::close(p[1]);
+            if holds_fd_of(child as u32, key) {
+                bad += 1;
+            }
+            libc::kill(child, libc::SIGKILL);
+            libc::waitpid(child, std::ptr::null_mut(), 0);
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let refused = worker.join().unwrap_or(0);
+    let last = Lease::acquire(&t, &Options::new()).map(drop);
+    json!({"ok": true, "forks": forks, "children_with_lease_fd": bad,
+           "cycles": cycles.load(Ordering::Relaxed), "worker_refused": refused,
+           "final_acquire": last.map_or_else(|e| e.to_string(), |_| "ok".into())})
+}
+
+fn holds_fd_of(pid: u32, key: (u64, u64)) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|d| {
+        d.flatten()
+            .any(|e| std::fs::metadata(e.path()).is_ok_and(|m| (m.dev(), m.ino()) == key))
+    })
 }
 
 fn target(cmd: &Value) -> &str {

@@ -151,38 +151,48 @@ fn same_process_shares_and_only_the_last_release_frees() {
     assert_eq!(b.inspect(&db)["record_status"], "self");
 }
 
-/// The three arms of the pathname-replacement playbook: stable, unlink and
-/// recreate, rename over. In the changed arms the contender must be refused
-/// while the original holder lives.
-fn replacement_arm(mode: &str) {
-    let d = Dir::new();
-    let db = d.path("job.db");
-    let (mut a, mut b, mut c) = (Agent::spawn(), Agent::spawn(), Agent::spawn());
-    let h = a.acquire_ok(&db);
-    let lp = h["lease_path"].as_str().unwrap().to_owned();
+/// What operators, deploy tools and the playbook's arms do to a live lease
+/// file: nothing ("stable"), unlink and recreate, rename another file over
+/// it, rename a faithful copy over it, move it aside, delete it.
+fn tamper(d: &Dir, lp: &str, mode: &str) {
     match mode {
         "unlink" => {
-            std::fs::remove_file(&lp).unwrap();
-            std::fs::write(&lp, b"").unwrap();
+            std::fs::remove_file(lp).unwrap();
+            std::fs::write(lp, b"").unwrap();
         }
         "replace" => {
             let tmp = d.path("replacement");
             std::fs::write(&tmp, b"{}").unwrap();
-            std::fs::rename(&tmp, &lp).unwrap();
+            std::fs::rename(&tmp, lp).unwrap();
         }
         "copy" => {
             // A faithful copy of the live record (as a deploy tool might
             // make) must not vouch for the new inode.
             let tmp = d.path("copy");
-            std::fs::copy(&lp, &tmp).unwrap();
-            std::fs::rename(&tmp, &lp).unwrap();
+            std::fs::copy(lp, &tmp).unwrap();
+            std::fs::rename(&tmp, lp).unwrap();
         }
+        "move" => std::fs::rename(lp, format!("{lp}.old")).unwrap(),
+        "delete" => std::fs::remove_file(lp).unwrap(),
         _ => {}
     }
+}
+
+/// The contender's defence alone: the holder does not watch its lease file,
+/// so after the damage the path names a new file or none, and the
+/// contender's split guard must refuse while the original holder lives.
+fn guard_arm(mode: &str) {
+    let d = Dir::new();
+    let db = d.path("job.db");
+    let (mut a, mut b, mut c) = (Agent::spawn(), Agent::spawn(), Agent::spawn());
+    let h = a.acquire_ok_with(json!({"cmd": "acquire", "target": db, "watch": false}));
+    let lp = h["lease_path"].as_str().unwrap().to_owned();
+    tamper(&d, &lp, mode);
     let check = a.call(json!({"cmd": "check", "handle": h["handle"]}));
     let expect = match mode {
-        "unlink" | "replace" | "copy" => "replaced",
-        _ => "held",
+        "stable" => "held",
+        "move" | "delete" => "unlinked",
+        _ => "replaced",
     };
     assert_eq!(check["check"], expect, "{check}");
     let e = b.acquire_err(acquire(&db), "in_use");
@@ -199,6 +209,7 @@ fn replacement_arm(mode: &str) {
         assert_eq!(i["state"], "split", "{i}");
         assert_eq!(i["orphans"][0]["pid"], a.pid, "{i}");
         assert_eq!(i["holders"], json!([]), "nobody holds the new inode: {i}");
+        assert_eq!(i["record_status"] == "image-replaced", false, "{i}");
     }
     // Only after the original holder lets go may anyone hold the lease.
     assert_eq!(
@@ -218,50 +229,155 @@ fn replacement_arm(mode: &str) {
     c.acquire_err(acquire(&db), "in_use");
 }
 
+/// The holder's defence alone: the contender's guard is off, so only the
+/// holder putting its lease file back (re-anchoring) can make the kernel
+/// refuse it.
+fn watch_arm(mode: &str) {
+    let d = Dir::new();
+    let db = d.path("job.db");
+    let (mut a, mut b, mut c) = (Agent::spawn(), Agent::spawn(), Agent::spawn());
+    let h = a.acquire_ok(&db);
+    let lp = h["lease_path"].as_str().unwrap().to_owned();
+    tamper(&d, &lp, mode);
+    std::thread::sleep(Duration::from_millis(10));
+    let e = b.acquire_err(
+        json!({"cmd": "acquire", "target": db, "split_guard": false}),
+        "in_use",
+    );
+    assert_eq!(e["holders"], json!([a.pid]), "the kernel refuses: {e}");
+    let check = a.call(json!({"cmd": "check", "handle": h["handle"]}));
+    assert_eq!(check["check"], "held", "put back: {check}");
+    let state = a.call(json!({"cmd": "state", "handle": h["handle"]}));
+    assert_eq!(state["state"], "held", "{state}");
+    let i = c.inspect(&db);
+    assert_eq!(
+        i["state"], "held",
+        "one holder of both files is no split: {i}"
+    );
+    assert_eq!(i["holders"], json!([a.pid]), "{i}");
+    assert_eq!(i["record_status"], "live", "{i}");
+    let rec: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&lp).unwrap()).unwrap();
+    assert_eq!(
+        rec["nonce"], h["record"]["nonce"],
+        "the holder's own record"
+    );
+    assert_eq!(
+        rec["generation"], 1,
+        "its own generation, so the chain goes on"
+    );
+    assert_eq!(
+        a.call(json!({"cmd": "release", "handle": h["handle"]}))["ok"],
+        true
+    );
+    let got = b.acquire_ok(&db);
+    assert_eq!(got["generation"], 2, "{got}");
+    assert_eq!(got["previous_released_cleanly"], true, "{got}");
+}
+
 #[test]
 fn stable_lease_file_keeps_one_domain() {
-    replacement_arm("stable");
+    guard_arm("stable");
 }
 
 #[test]
 fn unlinked_live_lease_file_is_not_a_second_domain() {
-    replacement_arm("unlink");
+    guard_arm("unlink");
+    watch_arm("unlink");
 }
 
 #[test]
 fn renamed_over_live_lease_file_is_not_a_second_domain() {
-    replacement_arm("replace");
+    guard_arm("replace");
+    watch_arm("replace");
 }
 
 #[test]
 fn copied_over_live_lease_file_is_not_a_second_domain() {
-    replacement_arm("copy");
+    guard_arm("copy");
+    watch_arm("copy");
 }
 
 #[test]
-fn unlinked_without_recreation_is_reported_as_unlinked() {
-    let d = Dir::new();
-    let db = d.path("job.db");
-    let (mut a, mut b) = (Agent::spawn(), Agent::spawn());
-    let h = a.acquire_ok(&db);
-    std::fs::remove_file(h["lease_path"].as_str().unwrap()).unwrap();
-    let check = a.call(json!({"cmd": "check", "handle": h["handle"]}));
-    assert_eq!(check["check"], "unlinked");
-    let i = b.inspect(&db);
-    assert_eq!(i["state"], "split", "{i}");
-    b.acquire_err(acquire(&db), "in_use");
+fn lease_file_moved_aside_is_not_a_second_domain() {
+    guard_arm("move");
+    watch_arm("move");
 }
 
 #[test]
-fn split_guard_off_lets_the_second_domain_happen() {
-    // The opt-out does what it says, which is why it is on by default.
+fn deleted_lease_file_is_not_a_second_domain() {
+    guard_arm("delete");
+    watch_arm("delete");
+}
+
+#[test]
+fn split_guard_off_and_watch_off_let_the_second_domain_happen() {
+    // The opt-outs do what they say, which is why they are on by default.
     let d = Dir::new();
     let db = d.path("job.db");
     let (mut a, mut b) = (Agent::spawn(), Agent::spawn());
-    let h = a.acquire_ok(&db);
+    let h = a.acquire_ok_with(json!({"cmd": "acquire", "target": db, "watch": false}));
     std::fs::remove_file(h["lease_path"].as_str().unwrap()).unwrap();
     let got = b.call(json!({"cmd": "acquire", "target": db, "split_guard": false}));
     assert_eq!(got["ok"], true, "{got}");
+}
+
+#[test]
+fn a_rival_that_wins_the_new_file_makes_the_lease_lost() {
+    let d = Dir::new();
+    let db = d.path("job.db");
+    let mut a = Agent::spawn();
+    let h = a.acquire_ok(&db);
+    let lp = h["lease_path"].as_str().unwrap().to_owned();
+    // The rival locks a file first, then renames it over the lease file.
+    let tmp = d.path("rival");
+    let rival = std::fs::File::create(&tmp).unwrap();
+    rustix::fs::flock(&rival, rustix::fs::FlockOperation::LockExclusive).unwrap();
+    std::fs::rename(&tmp, &lp).unwrap();
+    let got = a.call(json!({"cmd": "wait_lost", "handle": h["handle"], "timeout": 2}));
+    assert_eq!(got["lost"], true, "{got}");
+    assert!(got["elapsed_ms"].as_f64().unwrap() < 50.0, "{got}");
+    let reason = got["reason"].as_str().unwrap();
+    assert!(
+        reason.contains(&format!("pid {}", std::process::id())) && reason.contains("replaced"),
+        "the reason names the other holder: {reason}"
+    );
+    // A new acquisition in the holder's process does not share a lost lease.
+    let e = a.acquire_err(acquire(&db), "in_use");
+    assert_eq!(e["holders"], json!([std::process::id()]), "{e}");
+    assert_eq!(
+        a.call(json!({"cmd": "release", "handle": h["handle"]}))["ok"],
+        true
+    );
+}
+
+#[test]
+fn a_lease_file_that_cannot_be_put_back_is_lost_after_the_slow_recheck() {
+    let d = Dir::new();
+    let sub = d.path("sub");
+    std::fs::create_dir(&sub).unwrap();
+    let db = format!("{sub}/job.db");
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sidelease-agent"));
+    cmd.env("SIDELEASE_WATCH_RECHECK_MS", "300");
+    let mut a = Agent::spawn_cmd(cmd);
+    let h = a.acquire_ok(&db);
+    // The whole directory goes away: the file cannot be created again.
+    std::fs::rename(&sub, d.path("sub.gone")).unwrap();
+    std::fs::remove_file(format!("{}/job.db.backend-lease", d.path("sub.gone"))).unwrap();
+    let got = a.call(json!({"cmd": "wait_lost", "handle": h["handle"], "timeout": 5}));
+    assert_eq!(got["lost"], true, "{got}");
+    let ms = got["elapsed_ms"].as_f64().unwrap();
+    assert!(
+        (250.0..3000.0).contains(&ms),
+        "lost after the re-check period: {got}"
+    );
+    assert!(
+        got["reason"]
+            .as_str()
+            .unwrap()
+            .contains("could not be put back"),
+        "{got}"
+    );
 }
 
 #[test]
@@ -465,13 +581,15 @@ fn metadata_lands_in_the_record() {
 }
 
 /// An agent running as `nobody`, for the permission cases (needs root, which
-/// the CI machine has; elsewhere these tests say they were skipped).
+/// the CI machine has; elsewhere these tests say they were skipped). The
+/// agent binary is copied to a directory `nobody` can reach: the checkout
+/// may live where other users cannot (under /root, or in a `mktemp -d`).
 fn nobody_agent() -> Option<Agent> {
     if unsafe { libc::geteuid() } != 0 {
         eprintln!("skipped: permission cases need root to start an agent as nobody");
         return None;
     }
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sidelease-agent"));
+    let mut cmd = std::process::Command::new(common::reachable_agent());
     std::os::unix::process::CommandExt::uid(&mut cmd, 65534);
     std::os::unix::process::CommandExt::gid(&mut cmd, 65534);
     Some(Agent::spawn_cmd(cmd))
@@ -494,6 +612,10 @@ fn unwritable_existing_lease_file_is_locked_read_only() {
     let Some(mut a) = nobody_agent() else { return };
     let got = a.acquire_ok(&db);
     assert_eq!(got["record_written"], false, "{got}");
+    // It writes nothing, so it has no fencing token and cannot know how
+    // its predecessor ended: unknown, never a made-up answer.
+    assert_eq!(got["generation"], json!(null), "{got}");
+    assert_eq!(got["previous_released_cleanly"], json!(null), "{got}");
     let mut b = nobody_agent().unwrap();
     let e = b.acquire_err(acquire(&db), "in_use");
     assert_eq!(
@@ -511,6 +633,12 @@ fn unwritable_existing_lease_file_is_locked_read_only() {
     let i = b.inspect(&db);
     assert_eq!(i["state"], "held");
     assert_eq!(i["holders"], json!([a.pid]));
+    // A second read-only holder after a crash of the first says unknown
+    // too (it cannot tell), never "released cleanly".
+    a.signal(libc::SIGKILL);
+    let got = b.acquire_ok(&db);
+    assert_eq!(got["generation"], json!(null), "{got}");
+    assert_eq!(got["previous_released_cleanly"], json!(null), "{got}");
 }
 
 #[test]

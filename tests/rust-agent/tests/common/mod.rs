@@ -96,6 +96,13 @@ impl Agent {
         a
     }
 
+    /// Acquire with the given command and expect success.
+    pub fn acquire_ok_with(&mut self, cmd: Value) -> Value {
+        let a = self.call(cmd);
+        assert_eq!(a["ok"], true, "acquire failed: {a}\n{}", self.transcript());
+        a
+    }
+
     /// Acquire and expect an error of `kind`; returns the error object.
     pub fn acquire_err(&mut self, cmd: Value, kind: &str) -> Value {
         let a = self.call(cmd);
@@ -152,4 +159,21 @@ pub fn kill_pid(pid: i64) {
 
 pub fn is_alive(pid: i64) -> bool {
     unsafe { libc::kill(pid as i32, 0) == 0 }
+}
+
+/// A copy of the agent binary in a directory every user can reach (mode
+/// 0755 all the way), for agents started as another user.
+pub fn reachable_agent() -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    static COPY: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    COPY.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("sidelease-agent-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let to = dir.join("sidelease-agent");
+        std::fs::copy(env!("CARGO_BIN_EXE_sidelease-agent"), &to).unwrap();
+        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)).unwrap();
+        to
+    })
+    .clone()
 }
