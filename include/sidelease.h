@@ -422,9 +422,10 @@ sidelease_status sidelease_lease_state(const sidelease_lease *lease, sidelease_s
 sidelease_status sidelease_lease_ensure_held(const sidelease_lease *lease);
 
 /**
- * A descriptor that turns readable (POLLIN) when the lease is lost, for
- * the caller's event loop; it stays readable from then on. Owned by the
- * lease: do not read, write or close it; valid until
+ * A descriptor that turns readable (POLLIN) when the lease is lost, or
+ * when its last handle is released, for the caller's event loop
+ * (sidelease_lease_state() tells which); it stays readable from then on.
+ * Owned by the lease: do not read, write or close it; valid until
  * sidelease_lease_free().
  *
  * Returns SIDELEASE_OK, SIDELEASE_ERR_NULL_ARGUMENT,

@@ -70,9 +70,10 @@ pub unsafe extern "C" fn sidelease_lease_ensure_held(
     guard(|| Ok(non_null(lease, "lease")?.inner.ensure_held()?))
 }
 
-/// A descriptor that turns readable (POLLIN) when the lease is lost, for
-/// the caller's event loop; it stays readable from then on. Owned by the
-/// lease: do not read, write or close it; valid until
+/// A descriptor that turns readable (POLLIN) when the lease is lost, or
+/// when its last handle is released, for the caller's event loop
+/// (sidelease_lease_state() tells which); it stays readable from then on.
+/// Owned by the lease: do not read, write or close it; valid until
 /// sidelease_lease_free().
 ///
 /// Returns SIDELEASE_OK, SIDELEASE_ERR_NULL_ARGUMENT,

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -222,7 +223,14 @@ static void test_lease_lifecycle(void) {
     sidelease_lease_free(b); /* releases the last handle */
     sidelease_lease_free(NULL);
 
-    EXPECT(sidelease_acquire(db, NULL, NULL, &a), SIDELEASE_OK);
+    /* Without the holder's watch, so that check() reports what an
+     * operator did instead of the watch undoing it. */
+    sidelease_options *nw = NULL;
+    EXPECT(sidelease_options_new(&nw), SIDELEASE_OK);
+    EXPECT(sidelease_options_set_watch(nw, false), SIDELEASE_OK);
+    EXPECT(sidelease_options_set_watch(NULL, false), SIDELEASE_ERR_NULL_ARGUMENT);
+    EXPECT(sidelease_acquire(db, nw, NULL, &a), SIDELEASE_OK);
+    sidelease_options_free(nw);
     EXPECT(sidelease_lease_generation(a, &gen), SIDELEASE_OK);
     CHECK(gen == 2);
     EXPECT(sidelease_lease_previous_json(a, &s), SIDELEASE_OK);
@@ -405,6 +413,119 @@ static void test_fork_child_does_not_keep_the_lease(void) {
     close(up[1]);
 }
 
+/* The holder's watch: a lease file replaced under a held lease is put
+ * back (state stays HELD); one taken by another process makes the lease
+ * LOST, signalled on the descriptor, through the callback and by
+ * ensure_held(). */
+struct lost_seen {
+    pthread_mutex_t mu;
+    int calls;
+    char reason[256];
+};
+
+static void on_lost_cb(const char *reason, void *user_data) {
+    struct lost_seen *seen = user_data;
+    pthread_mutex_lock(&seen->mu);
+    seen->calls++;
+    snprintf(seen->reason, sizeof seen->reason, "%s", reason ? reason : "(null)");
+    pthread_mutex_unlock(&seen->mu);
+}
+
+static int poll_readable(int fd, int ms) {
+    fd_set set;
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    FD_ZERO(&set);
+    FD_SET(fd, &set);
+    return select(fd + 1, &set, NULL, NULL, &tv) == 1;
+}
+
+static void test_watch_reanchors_and_signals_loss(void) {
+    char db[512], lp[600], tmp[600];
+    path(db, "watched.db");
+    snprintf(lp, sizeof lp, "%s.backend-lease", db);
+    path(tmp, "watched-rival");
+    sidelease_lease *l = NULL;
+    sidelease_state st = SIDELEASE_STATE_RELEASED;
+    sidelease_check c;
+    int lfd = -1;
+    EXPECT(sidelease_acquire(db, NULL, NULL, &l), SIDELEASE_OK);
+    EXPECT(sidelease_lease_state(l, &st), SIDELEASE_OK);
+    CHECK(st == SIDELEASE_STATE_HELD);
+    EXPECT(sidelease_lease_state(NULL, &st), SIDELEASE_ERR_NULL_ARGUMENT);
+    EXPECT(sidelease_lease_state(l, NULL), SIDELEASE_ERR_NULL_ARGUMENT);
+    EXPECT(sidelease_lease_ensure_held(l), SIDELEASE_OK);
+    EXPECT(sidelease_lease_ensure_held(NULL), SIDELEASE_ERR_NULL_ARGUMENT);
+    EXPECT(sidelease_lease_lost_fd(l, &lfd), SIDELEASE_OK);
+    CHECK(lfd >= 0 && !poll_readable(lfd, 0));
+    EXPECT(sidelease_lease_lost_fd(l, NULL), SIDELEASE_ERR_NULL_ARGUMENT);
+    struct lost_seen seen = {PTHREAD_MUTEX_INITIALIZER, 0, ""};
+    EXPECT(sidelease_lease_on_lost(l, NULL, &seen), SIDELEASE_ERR_NULL_ARGUMENT);
+    EXPECT(sidelease_lease_on_lost(l, on_lost_cb, &seen), SIDELEASE_OK);
+
+    /* Deleted: the holder puts the file back and locks it again. */
+    CHECK(unlink(lp) == 0);
+    struct stat sb;
+    int back = 0;
+    for (int i = 0; i < 200 && !back; i++) {
+        back = stat(lp, &sb) == 0;
+        if (!back) usleep(5000);
+    }
+    CHECK(back);
+    EXPECT(sidelease_lease_state(l, &st), SIDELEASE_OK);
+    CHECK(st == SIDELEASE_STATE_HELD);
+    EXPECT(sidelease_lease_ensure_held(l), SIDELEASE_OK);
+    EXPECT(sidelease_lease_check(l, &c), SIDELEASE_OK);
+    CHECK(c == SIDELEASE_CHECK_HELD);
+    /* Another process cannot take the re-anchored file. */
+    pid_t probe = fork();
+    if (probe == 0) {
+        sidelease_lease *o = NULL;
+        _exit(sidelease_acquire(db, NULL, NULL, &o) == SIDELEASE_ERR_IN_USE ? 0 : 1);
+    }
+    int status = -1;
+    waitpid(probe, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+
+    /* Replaced by a file another process holds: the lease is lost. */
+    int up[2], down[2];
+    if (pipe(up) || pipe(down)) exit(2);
+    pid_t rival = fork();
+    if (rival == 0) {
+        FILE *f = fopen(tmp, "w");
+        char ok = f && flock(fileno(f), LOCK_EX | LOCK_NB) == 0 && rename(tmp, lp) == 0 ? 'R' : 'E';
+        if (write(up[1], &ok, 1) != 1) _exit(3);
+        read_bounded(down[0]);
+        _exit(0);
+    }
+    CHECK(read_bounded(up[0]) == 'R');
+    CHECK(poll_readable(lfd, 5000));
+    EXPECT(sidelease_lease_state(l, &st), SIDELEASE_OK);
+    CHECK(st == SIDELEASE_STATE_LOST);
+    EXPECT(sidelease_lease_ensure_held(l), SIDELEASE_ERR_LOST);
+    char pid_text[32];
+    snprintf(pid_text, sizeof pid_text, "%d", (int)rival);
+    CHECK(last_error_contains(pid_text));
+    pthread_mutex_lock(&seen.mu);
+    CHECK(seen.calls == 1 && strstr(seen.reason, pid_text));
+    pthread_mutex_unlock(&seen.mu);
+    /* A callback registered after the loss runs at once, here. */
+    struct lost_seen late = {PTHREAD_MUTEX_INITIALIZER, 0, ""};
+    EXPECT(sidelease_lease_on_lost(l, on_lost_cb, &late), SIDELEASE_OK);
+    CHECK(late.calls == 1);
+    char go = 'G';
+    CHECK(write(down[1], &go, 1) == 1);
+    waitpid(rival, &status, 0);
+    EXPECT(sidelease_lease_release(l), SIDELEASE_OK);
+    EXPECT(sidelease_lease_state(l, &st), SIDELEASE_OK);
+    CHECK(st == SIDELEASE_STATE_RELEASED);
+    EXPECT(sidelease_lease_lost_fd(l, &lfd), SIDELEASE_ERR_INVALID_ARGUMENT);
+    sidelease_lease_free(l);
+    close(up[0]);
+    close(up[1]);
+    close(down[0]);
+    close(down[1]);
+}
+
 int main(void) {
     const char *base = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     snprintf(dir, sizeof dir, "%s/sidelease-c-test-XXXXXX", base);
@@ -419,6 +540,7 @@ int main(void) {
     test_io_and_filesystem_errors();
     test_contention();
     test_fork_child_does_not_keep_the_lease();
+    test_watch_reanchors_and_signals_loss();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);

@@ -125,7 +125,7 @@ describe('errors', () => {
     assert.throws(() => sidelease.acquire(path.join(dir, 'missing', 'app.db')), (e) => {
       assert.equal(e.code, 'SIDELEASE_IO');
       assert.equal(e.errno, -2);
-      assert.equal(e.syscall, 'realpath');
+      assert.equal(e.syscall, 'open');
       assert.equal(e.path, path.join(dir, 'missing'));
       return true;
     });

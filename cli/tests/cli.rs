@@ -218,3 +218,147 @@ fn bad_arguments_are_named() {
     let out = sidelease(&["hold", x, "--", "/nonexistent/cmd"]);
     assert_eq!(out.status.code(), Some(127));
 }
+
+/// `hold` SIGKILLed (an OOM kill, a supervisor) while its command keeps the
+/// inherited descriptor, then the lease file deleted: the command's process
+/// is recognised as the holder of the orphaned file and a contender is
+/// refused.
+#[test]
+fn killed_hold_then_deleted_lease_file_still_refuses_a_contender() {
+    let d = tempfile::tempdir().unwrap();
+    let db = d.path().join("app.db");
+    let db = db.to_str().unwrap();
+    let mut h = Holder::start(db, &[]);
+    unsafe { libc::kill(h.child.id() as i32, libc::SIGKILL) };
+    wait_bounded(&mut h.child);
+    std::fs::remove_file(format!("{db}.backend-lease")).unwrap();
+    let out = sidelease(&["hold", db, "--", "true"]);
+    assert_eq!(
+        out.status.code(),
+        Some(75),
+        "a contender acquired beside the command: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (code, v) = status_json(db);
+    assert_ne!(code, 0, "status says free: {v}");
+    drop(h.child.stdin.take()); // the command (our grandchild) ends
+}
+
+/// A command that leaves a background process holding the inherited
+/// descriptor: `hold` must not write `released_at` (the lock is still
+/// held), so after that process dies the next holder is not told the
+/// previous one released cleanly.
+#[test]
+fn a_lingering_descendant_keeps_hold_from_claiming_a_clean_release() {
+    let d = tempfile::tempdir().unwrap();
+    let db = d.path().join("app.db");
+    let db = db.to_str().unwrap();
+    let out = Command::new(BIN)
+        .args([
+            "hold",
+            db,
+            "--",
+            "sh",
+            "-c",
+            "sleep 30 >/dev/null 2>&1 & echo $!",
+        ])
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let lingering: i32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    let (code, v) = status_json(db);
+    assert_eq!(code, 3, "the lingering process still holds the lock: {v}");
+    assert_eq!(v["holders"], serde_json::json!([lingering]), "{v}");
+    assert!(v["record"]["released_at"].is_null(), "{v}");
+    unsafe { libc::kill(lingering, libc::SIGKILL) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let v = loop {
+        let (code, v) = status_json(db);
+        if code == 0 {
+            break v;
+        }
+        assert!(Instant::now() < deadline, "still held: {v}");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert_ne!(v["record_status"], "released", "{v}");
+    assert!(v["record"]["released_at"].is_null(), "{v}");
+}
+
+/// A rival takes the file at the lease path (locked first, renamed over):
+/// `--on-lost term` (the default) terminates the command, `ignore` does not.
+#[test]
+fn on_lost_terminates_the_command_or_is_ignored() {
+    use std::os::fd::AsRawFd;
+    for (flag, terminated) in [("term", true), ("ignore", false)] {
+        let d = tempfile::tempdir().unwrap();
+        let db = d.path().join("app.db");
+        let db = db.to_str().unwrap();
+        let mut child = Command::new(BIN)
+            .args([
+                "hold",
+                db,
+                "--on-lost",
+                flag,
+                "--",
+                "sh",
+                "-c",
+                "trap 'echo TERM; exit 9' TERM; echo READY; while :; do sleep 0.05; done",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        assert!(line.starts_with("READY"), "{line:?}");
+        let rival_path = d.path().join("rival");
+        let rival = std::fs::File::create(&rival_path).unwrap();
+        assert_eq!(
+            unsafe { libc::flock(rival.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
+            0
+        );
+        std::fs::rename(&rival_path, format!("{db}.backend-lease")).unwrap();
+        if terminated {
+            let st = wait_bounded(&mut child);
+            line.clear();
+            out.read_line(&mut line).unwrap();
+            assert_eq!(line, "TERM\n");
+            assert_eq!(st.code(), Some(9), "hold passes the command's status on");
+            let mut err = String::new();
+            std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+            assert!(err.contains("lost"), "{err}");
+        } else {
+            std::thread::sleep(Duration::from_millis(300));
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "ignore: the command ended"
+            );
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            assert_eq!(wait_bounded(&mut child).code(), Some(9));
+        }
+        drop(rival);
+    }
+}
+
+/// `status --json` prints one complete document for any path, a name that
+/// is not UTF-8 included (its odd bytes as `\udcXX` escapes).
+#[test]
+fn status_json_of_a_non_utf8_path_is_a_whole_document() {
+    use std::os::unix::ffi::OsStrExt;
+    let d = tempfile::tempdir().unwrap();
+    let db = d.path().join(std::ffi::OsStr::from_bytes(b"caf\xe9.db"));
+    let out = Command::new(BIN)
+        .arg("status")
+        .arg(&db)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let text = text.trim_end();
+    assert!(text.starts_with('{') && text.ends_with('}'), "{text:?}");
+    assert!(text.contains("\"state\":\"free\""), "{text}");
+    assert!(text.contains("caf\\udce9.db.backend-lease"), "{text}");
+}

@@ -384,7 +384,15 @@ impl Pending {
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
                 // A new lease file: check the filesystem before creating it.
                 let dir = path::parent_of(path);
-                fskind::check_dir(dir, self.opts.allow_unsupported_fs)?;
+                match fskind::check_dir(dir, self.opts.allow_unsupported_fs) {
+                    // The directory is missing: what failed is the open.
+                    Err(Error::Io { source, .. })
+                        if source.raw_os_error() == Some(libc::ENOENT) =>
+                    {
+                        return Err(Error::io("open", dir, source))
+                    }
+                    r => r?,
+                };
                 match open(base | OFlags::RDWR | OFlags::CREATE, CREATE_MODE) {
                     Ok(r) => {
                         let (fd, slot) = r?;

@@ -76,6 +76,7 @@ fn check_inner(shared: &Arc<Shared>, sweep: bool) -> Outcome {
             if let Some(i) = st.anchors.iter().position(|a| a.key == key) {
                 st.failing_since = None;
                 st.contended_since = None;
+                st.contended_by = None;
                 if sweep {
                     rewrite_if_overwritten(shared, &mut st.anchors[i]);
                 }
@@ -166,12 +167,19 @@ fn reanchor(shared: &Arc<Shared>, replaced: bool) -> Outcome {
             Ok(()) => {}
             Err(Errno::WOULDBLOCK) | Err(Errno::INTR) => {
                 let now = Instant::now();
-                let since = *st.contended_since.get_or_insert(now);
+                if st.contended_since.is_none() {
+                    st.contended_since = Some(now);
+                    // Find out who now, while the window runs: a cold
+                    // read of /proc/locks costs 10-20 ms, which must not
+                    // be added to the lost signal's delay at the end.
+                    st.contended_by = rival(shared, bfd, replaced, None).holders.first().copied();
+                }
+                let since = st.contended_since.unwrap_or(now);
                 if now.duration_since(since) < CONTENDED_FOR {
                     registry::close_listed(fd, slot);
                     return Outcome::Retry(now + CONTENDED_RETRY);
                 }
-                let lost = rival(shared, bfd, replaced);
+                let lost = rival(shared, bfd, replaced, st.contended_by);
                 registry::close_listed(fd, slot);
                 return Outcome::Lost(lost);
             }
@@ -222,6 +230,7 @@ fn reanchor(shared: &Arc<Shared>, replaced: bool) -> Outcome {
     push_anchor(&mut st, anchor);
     st.failing_since = None;
     st.contended_since = None;
+    st.contended_by = None;
     drop(st);
     let reg = registry::get();
     let mut g = reg.lock();
@@ -271,10 +280,12 @@ fn open_for_anchor(path: &Path, mode: u32) -> std::io::Result<(i32, u32, bool)> 
 }
 
 /// Another process locked the file now at the path: who, and what happened.
-fn rival(shared: &Shared, fd: BorrowedFd<'_>, replaced: bool) -> Lost {
+/// `seen`: a process found holding it earlier (asked first, before the
+/// kernel's lock list).
+fn rival(shared: &Shared, fd: BorrowedFd<'_>, replaced: bool, seen: Option<u32>) -> Lost {
     let bytes = process::read_at_most(fd, 4096, record::RECORD_MAX_BYTES).unwrap_or_default();
     let rec = Content::parse(&bytes).record().cloned();
-    let holders = holders::holders_of(fd, rec.as_ref().and_then(|r| r.pid));
+    let holders = holders::holders_of(fd, rec.as_ref().and_then(|r| r.pid).or(seen));
     let who = match (&rec, holders.first()) {
         (Some(r), _) if r.pid.is_some() => format!(
             "pid {}{}",

@@ -58,6 +58,8 @@ pub(crate) struct State {
     /// The file now at the path was found locked by another process since
     /// then.
     pub contended_since: Option<std::time::Instant>,
+    /// Who held the file at the path when that began.
+    pub contended_by: Option<u32>,
 }
 
 /// One lease held by this process. Shared by every handle of the lease;
@@ -113,6 +115,7 @@ impl Shared {
                 callbacks: Vec::new(),
                 failing_since: None,
                 contended_since: None,
+                contended_by: None,
             }),
             lost_fd: OnceLock::new(),
         }
@@ -260,6 +263,10 @@ impl Lease {
             };
             (std::mem::take(&mut st.anchors), st.inherited)
         };
+        // Wake whoever waits on the lost descriptor: the wait is over.
+        if let Some(fd) = s.lost_fd.get() {
+            let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+        }
         crate::watch::forget(s);
         let stamp = record::now_rfc3339();
         let mut result = Ok(());
@@ -360,9 +367,10 @@ impl Lease {
         }
     }
 
-    /// A descriptor that turns readable when the lease is lost (an eventfd,
-    /// made on first use), for an event loop. It stays readable from then
-    /// on.
+    /// A descriptor that turns readable when the lease is lost, or when its
+    /// last handle is released (an eventfd, made on first use), for an
+    /// event loop; [`Lease::state`] tells which. It stays readable from
+    /// then on.
     pub fn lost_fd(&self) -> Result<BorrowedFd<'_>> {
         let s = self.live()?;
         if s.lost_fd.get().is_none() {

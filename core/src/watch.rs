@@ -153,9 +153,10 @@ impl Watcher {
                 break;
             }
             let mut check: Vec<Arc<Shared>> = Vec::new();
+            let mut modified: Vec<Arc<Shared>> = Vec::new();
             let mut all = false;
             if woke.inotify {
-                all |= self.read_events(&mut buf, &mut check);
+                all |= self.read_events(&mut buf, &mut check, &mut modified);
             }
             let now = Instant::now();
             {
@@ -178,7 +179,8 @@ impl Watcher {
             check.sort_by_key(|s| Arc::as_ptr(s) as usize);
             check.dedup_by(|a, b| Arc::ptr_eq(a, b));
             for s in check {
-                if let Some(at) = anchor::check(&s, sweep) {
+                let verify = sweep || modified.iter().any(|m| Arc::ptr_eq(m, &s));
+                if let Some(at) = anchor::check(&s, verify) {
                     self.state().retry.push((Arc::downgrade(&s), at));
                 }
             }
@@ -226,7 +228,12 @@ impl Watcher {
 
     /// Read every queued event; returns true when events were lost (a
     /// queue overflow: check everything).
-    fn read_events(&self, buf: &mut [MaybeUninit<u8>], check: &mut Vec<Arc<Shared>>) -> bool {
+    fn read_events(
+        &self,
+        buf: &mut [MaybeUninit<u8>],
+        check: &mut Vec<Arc<Shared>>,
+        modified: &mut Vec<Arc<Shared>>,
+    ) -> bool {
         let mut overflow = false;
         let mut reader = inotify::Reader::new(self.inotify.as_fd(), buf);
         // Until EAGAIN: drained.
@@ -245,7 +252,12 @@ impl Watcher {
                 continue;
             };
             match e.lease.as_ref().and_then(Weak::upgrade) {
-                Some(s) => check.push(s),
+                Some(s) => {
+                    if flags.contains(ReadFlags::MODIFY) {
+                        modified.push(s.clone());
+                    }
+                    check.push(s)
+                }
                 None if e.pending > 0 => e.dirty = true,
                 None => {
                     // A file nobody here holds any more: stop hearing about
@@ -326,11 +338,17 @@ pub(crate) fn attach(t: Ticket, shared: &Arc<Shared>) {
     }
 }
 
-/// Watch one more file of a held lease (a re-anchored one).
+/// Watch one more file of a held lease (a re-anchored one), writes
+/// included: whoever just put a file at the path may write into it after
+/// the holder did (a tool that recreates the file and then truncates it),
+/// and the holder writes its record again. (Acquisitions do not watch
+/// writes: the holder's own writes would wake the watcher every cycle; a
+/// later `add_watch` of the same file sets the narrower mask again.)
 pub(crate) fn add_anchor(shared: &Arc<Shared>, fd: BorrowedFd<'_>) {
     let Some(w) = watcher() else { return };
     let mut st = w.state();
-    if let Some(wd) = add(w, fd) {
+    let link = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    if let Ok(wd) = inotify::add_watch(&w.inotify, link, MASK | WatchFlags::MODIFY) {
         st.entries.entry(wd).or_default().lease = Some(Arc::downgrade(shared));
     }
 }

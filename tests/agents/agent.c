@@ -1,8 +1,13 @@
 /* The C agent (see tests/PROTOCOL.md), against libsidelease.so. Commands
  * are flat JSON objects; the few fields needed are picked out by key. */
 #define _GNU_SOURCE
+#include <dirent.h>
+#include <fcntl.h>
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <time.h>
@@ -294,6 +299,136 @@ static void stress(const char *cmd) {
     done();
 }
 
+/* `threads` threads acquire one new lease at the same moment, `rounds`
+ * times; none may be refused by its own process. */
+static pthread_barrier_t barrier;
+static char threads_dir[4096];
+static long rounds_n;
+static atomic_long acquired_n, self_refused_n, other_n;
+
+static void *threads_worker(void *arg) {
+    (void)arg;
+    char target[4200];
+    for (long r = 0; r < rounds_n; r++) {
+        snprintf(target, sizeof target, "%s/round-%ld.db", threads_dir, r);
+        pthread_barrier_wait(&barrier);
+        sidelease_lease *l = NULL;
+        sidelease_status st = sidelease_acquire(target, NULL, NULL, &l);
+        pthread_barrier_wait(&barrier);
+        if (st == SIDELEASE_OK) {
+            atomic_fetch_add(&acquired_n, 1);
+            sidelease_lease_free(l);
+        } else if (st == SIDELEASE_ERR_IN_USE) {
+            uint32_t pids[16];
+            size_t count = 0;
+            sidelease_last_holder_pids(pids, 16, &count);
+            int self = count == 0;
+            for (size_t i = 0; i < count && i < 16; i++) self |= pids[i] == (uint32_t)getpid();
+            atomic_fetch_add(self ? &self_refused_n : &other_n, 1);
+        } else {
+            atomic_fetch_add(&other_n, 1);
+        }
+    }
+    return NULL;
+}
+
+static void threads_cmd(const char *cmd) {
+    double n = 8, rounds = 1000;
+    str_field(cmd, "dir", threads_dir, sizeof threads_dir);
+    num_field(cmd, "threads", &n);
+    num_field(cmd, "rounds", &rounds);
+    rounds_n = (long)rounds;
+    atomic_store(&acquired_n, 0);
+    atomic_store(&self_refused_n, 0);
+    atomic_store(&other_n, 0);
+    pthread_t t[64];
+    int k = n > 64 ? 64 : (int)n;
+    pthread_barrier_init(&barrier, NULL, (unsigned)k);
+    for (int i = 0; i < k; i++) pthread_create(&t[i], NULL, threads_worker, NULL);
+    for (int i = 0; i < k; i++) pthread_join(t[i], NULL);
+    pthread_barrier_destroy(&barrier);
+    printf("{\"ok\":true,\"acquired\":%ld,\"refused_by_self\":%ld,\"other_errors\":%ld}",
+           atomic_load(&acquired_n), atomic_load(&self_refused_n), atomic_load(&other_n));
+    done();
+}
+
+/* Fork while another thread acquires and releases; no child may keep a
+ * descriptor of the lease file. */
+static atomic_int storm_stop;
+static atomic_long storm_cycles;
+static char storm_target[4096];
+
+static void *storm_worker(void *arg) {
+    (void)arg;
+    while (!atomic_load(&storm_stop)) {
+        sidelease_lease *l = NULL;
+        if (sidelease_acquire(storm_target, NULL, NULL, &l) == SIDELEASE_OK) sidelease_lease_free(l);
+        atomic_fetch_add(&storm_cycles, 1);
+    }
+    return NULL;
+}
+
+static int child_has_fd_of(pid_t child, dev_t dev, ino_t ino) {
+    char dir[64], path[400];
+    snprintf(dir, sizeof dir, "/proc/%d/fd", (int)child);
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    struct dirent *e;
+    int found = 0;
+    struct stat st;
+    while ((e = readdir(d))) {
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (e->d_name[0] != '.' && stat(path, &st) == 0 && st.st_dev == dev && st.st_ino == ino) found = 1;
+    }
+    closedir(d);
+    return found;
+}
+
+static void fork_storm(const char *cmd) {
+    double forks = 5000;
+    str_field(cmd, "target", storm_target, sizeof storm_target);
+    num_field(cmd, "forks", &forks);
+    sidelease_lease *first = NULL;
+    sidelease_status st = sidelease_acquire(storm_target, NULL, NULL, &first);
+    if (st != SIDELEASE_OK) return error(st);
+    char *lp = NULL;
+    sidelease_lease_path(first, &lp);
+    struct stat key;
+    stat(lp, &key);
+    sidelease_string_free(lp);
+    sidelease_lease_free(first);
+    atomic_store(&storm_stop, 0);
+    atomic_store(&storm_cycles, 0);
+    pthread_t w;
+    pthread_create(&w, NULL, storm_worker, NULL);
+    long bad = 0;
+    for (long i = 0; i < (long)forks; i++) {
+        int p[2];
+        if (pipe2(p, O_CLOEXEC) != 0) break;
+        pid_t child = fork();
+        if (child == 0) {
+            char x = 'x';
+            (void)!write(p[1], &x, 1);
+            for (;;) pause();
+        }
+        char b;
+        (void)!read(p[0], &b, 1);
+        close(p[0]);
+        close(p[1]);
+        bad += child_has_fd_of(child, key.st_dev, key.st_ino);
+        kill(child, SIGKILL);
+        waitpid(child, NULL, 0);
+    }
+    atomic_store(&storm_stop, 1);
+    pthread_join(w, NULL);
+    sidelease_lease *last = NULL;
+    st = sidelease_acquire(storm_target, NULL, NULL, &last);
+    sidelease_lease_free(last);
+    printf("{\"ok\":true,\"forks\":%ld,\"children_with_lease_fd\":%ld,\"cycles\":%ld,\"final_acquire\":\"%s\"}",
+           (long)forks, bad, atomic_load(&storm_cycles), st == SIDELEASE_OK ? "ok" : "refused");
+    done();
+}
+
 int main(int argc, char **argv) {
     (void)argc;
     saved_argv = argv;
@@ -372,6 +507,10 @@ int main(int argc, char **argv) {
             _exit((int)code);
         } else if (!strcmp(name, "stress")) {
             stress(line);
+        } else if (!strcmp(name, "threads")) {
+            threads_cmd(line);
+        } else if (!strcmp(name, "fork_storm")) {
+            fork_storm(line);
         } else {
             printf("{\"ok\":false,\"error\":{\"kind\":\"protocol\",\"message\":\"unknown command\"}}");
             done();

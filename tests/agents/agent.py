@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 import time
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import sidelease
 
@@ -94,6 +94,95 @@ def wait_lost(lease: sidelease.Lease, timeout: float) -> Dict[str, Any]:
     return out
 
 
+def threads(cmd: Dict[str, Any]) -> Dict[str, Any]:
+    """Threads acquiring one new lease at the same moment, round after round:
+    every one must get a handle, none be refused by its own process."""
+    import threading
+
+    n, rounds = cmd.get("threads", 8), cmd.get("rounds", 1000)
+    barrier = threading.Barrier(n)
+    counts = {"acquired": 0, "refused_by_self": 0, "other_errors": 0}
+    lock = threading.Lock()
+
+    def worker() -> None:
+        for r in range(rounds):
+            target = f"{cmd['dir']}/round-{r}.db"
+            barrier.wait()
+            try:
+                lease: Optional[sidelease.Lease] = sidelease.acquire(target)
+                key = "acquired"
+            except sidelease.LeaseInUse as e:
+                lease = None
+                key = "refused_by_self" if (not e.holders or os.getpid() in e.holders) else "other_errors"
+            except Exception:  # noqa: BLE001 - counted
+                lease, key = None, "other_errors"
+            barrier.wait()
+            if lease is not None:
+                lease.release()
+            with lock:
+                counts[key] += 1
+
+    ts = [threading.Thread(target=worker) for _ in range(n)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return {"ok": True, **counts}
+
+
+def fork_storm(cmd: Dict[str, Any]) -> Dict[str, Any]:
+    """os.fork() again and again while another thread acquires and releases:
+    no child may keep a descriptor of the lease file."""
+    import threading
+
+    first = sidelease.acquire(cmd["target"])
+    st = os.stat(first.lease_path)
+    first.release()
+    stop = threading.Event()
+    cycles = [0]
+
+    def worker() -> None:
+        while not stop.is_set():
+            try:
+                sidelease.acquire(cmd["target"]).release()
+            except sidelease.LeaseError:
+                pass
+            cycles[0] += 1
+
+    w = threading.Thread(target=worker)
+    w.start()
+    bad = 0
+    for _ in range(cmd.get("forks", 5000)):
+        r, wfd = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.write(wfd, b"x")
+            while True:
+                signal.pause()
+        os.read(r, 1)
+        os.close(r)
+        os.close(wfd)
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                s = os.stat(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if (s.st_dev, s.st_ino) == (st.st_dev, st.st_ino):
+                bad += 1
+                break
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    stop.set()
+    w.join()
+    try:
+        sidelease.acquire(cmd["target"]).release()
+        final = "ok"
+    except sidelease.LeaseError as e:
+        final = str(e)
+    return {"ok": True, "forks": cmd.get("forks", 5000), "children_with_lease_fd": bad,
+            "cycles": cycles[0], "final_acquire": final}
+
+
 def main() -> None:
     handles: Dict[int, sidelease.Lease] = {}
     say({"event": "ready", "pid": os.getpid(), "runtime": "python", "execs": int(os.environ.get("SIDELEASE_AGENT_EXECS", "0"))})
@@ -143,6 +232,10 @@ def main() -> None:
                 os._exit(cmd.get("code", 0))
             elif name == "stress":
                 say(stress(cmd))
+            elif name == "threads":
+                say(threads(cmd))
+            elif name == "fork_storm":
+                say(fork_storm(cmd))
             else:
                 say({"ok": False, "error": {"kind": "protocol", "message": f"unknown command {name!r}"}})
         except Exception as e:  # noqa: BLE001 - every failure is an answer

@@ -4,6 +4,7 @@ directories this run made."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import random
 import re
@@ -12,14 +13,24 @@ import signal
 import tempfile
 import threading
 import time
-from typing import Callable, List, Tuple
+from typing import Callable, List, Optional, Tuple
 
 from agents import RUNTIMES, Agent, HandshakeError
 
 
-def file_op(op: str, path: str, to: str) -> None:
-    """Deliberate damage to a lease file in a test directory."""
-    if op == "unlink_recreate":
+def file_op(op: str, path: str, to: str) -> Optional[int]:
+    """Deliberate damage to a lease file in a test directory. "rival" locks
+    a new file first and renames it over the lease file; its descriptor is
+    returned (the caller closes it when done)."""
+    if op == "move":
+        os.rename(path, path + ".old")
+    elif op == "rival":
+        tmp = path + ".rival"
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.rename(tmp, path)
+        return fd
+    elif op == "unlink_recreate":
         os.unlink(path)
         open(path, "w").close()
     elif op == "unlink":
@@ -37,6 +48,7 @@ def file_op(op: str, path: str, to: str) -> None:
         os.symlink(path, to)
     else:
         raise ValueError(op)
+    return None
 
 
 def _prepare(d: str) -> Tuple[str, str, str]:
@@ -115,6 +127,153 @@ def tampering(soak: bool) -> str:
     return _run_stress(5_000 if soak else 1_000, 1, tamper=True)
 
 
+def tampering_guard_off(soak: bool) -> str:
+    """The holder's watch alone (every contender's split guard off) keeps
+    one holder while the lease file is deleted, replaced and recreated."""
+    return _run_stress(2_000 if soak else 300, 1, tamper=True, split_guard=False)
+
+
+def _locked_by(pid: int, ino: int) -> bool:
+    with open("/proc/locks") as f:
+        return any(f" {pid} " in line and f":{ino} " in line for line in f)
+
+
+def reanchor(soak: bool) -> str:
+    """After rm, mv aside or rename-over of a held lease file, the holder
+    puts a locked file back: a contender started 10 ms later, split guard
+    off, is refused by the kernel. Latency: operation to the new file being
+    locked by the holder in /proc/locks."""
+    trials = 1_000 if soak else 200
+    d = tempfile.mkdtemp(prefix="sidelease-reanchor-")
+    db = os.path.join(d, "app.db")
+    lease = db + ".backend-lease"
+    contender = Agent("rust", "contender")
+    latencies: List[float] = []
+    per_rt = {}
+    try:
+        for rt in RUNTIMES:
+            holder = Agent(rt, f"holder-{rt}")
+            try:
+                got = holder.call({"cmd": "acquire", "target": db})
+                assert got.get("ok"), f"{rt}: {got}"
+                refused = 0
+                for i in range(trials):
+                    op = ("unlink", "move", "replace")[i % 3]
+                    t0 = time.monotonic()
+                    if op == "move":
+                        os.rename(lease, f"{lease}.old-{rt}-{i}")
+                    else:
+                        file_op(op, lease, "")
+                    while True:
+                        try:
+                            ino = os.stat(lease).st_ino
+                            if _locked_by(holder.pid, ino):
+                                break
+                        except FileNotFoundError:
+                            pass
+                        assert time.monotonic() - t0 < 2, f"{rt} trial {i} ({op}): not re-anchored within 2 s"
+                    latencies.append(time.monotonic() - t0)
+                    time.sleep(max(0.0, t0 + 0.010 - time.monotonic()))
+                    c = contender.call({"cmd": "acquire", "target": db, "split_guard": False})
+                    assert not c.get("ok"), f"{rt} trial {i} ({op}): the contender acquired: {c}"
+                    assert c["error"]["kind"] == "in_use", f"{rt} trial {i} ({op}): {c}"
+                    refused += 1
+                state = holder.call({"cmd": "state", "handle": got["handle"]})
+                assert state.get("state") == "held", f"{rt}: {state}"
+                per_rt[rt] = refused
+                holder.call({"cmd": "release", "handle": got["handle"]})
+            finally:
+                holder.close()
+        latencies.sort()
+        med = latencies[len(latencies) // 2] * 1e3
+        p99 = latencies[int(len(latencies) * 0.99)] * 1e3
+        return (f"contender refused in {sum(per_rt.values())}/{trials * len(RUNTIMES)} trials {per_rt}; "
+                f"operation to re-anchor median {med:.2f} ms, p99 {p99:.2f} ms, max {latencies[-1] * 1e3:.2f} ms")
+    finally:
+        contender.close()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def lost_signal(soak: bool) -> str:
+    """A rival that wins the re-anchor race (a new file, locked first, renamed
+    over the lease file) makes the holder's lost signal fire within 50 ms."""
+    trials = 50 if soak else 10
+    d = tempfile.mkdtemp(prefix="sidelease-lost-")
+    worst = {}
+    try:
+        for rt in RUNTIMES:
+            worst[rt] = 0.0
+            for i in range(trials):
+                db = os.path.join(d, f"{rt}-{i}.db")
+                holder = Agent(rt, f"holder-{rt}")
+                fd: Optional[int] = None
+                try:
+                    got = holder.call({"cmd": "acquire", "target": db})
+                    assert got.get("ok"), f"{rt}: {got}"
+                    holder.send({"cmd": "wait_lost", "handle": got["handle"], "timeout": 5})
+                    time.sleep(0.05)  # the agent is waiting
+                    t0 = time.monotonic()
+                    fd = file_op("rival", db + ".backend-lease", "")
+                    r = holder.recv()
+                    took = time.monotonic() - t0
+                    assert r.get("lost") and r.get("state") == "lost", f"{rt} trial {i}: {r}"
+                    assert str(os.getpid()) in (r.get("reason") or ""), f"{rt}: reason names the rival: {r}"
+                    assert took < 0.050, f"{rt} trial {i}: lost signal after {took * 1e3:.1f} ms"
+                    worst[rt] = max(worst[rt], took)
+                finally:
+                    holder.close()
+                    if fd is not None:
+                        os.close(fd)
+        return f"{trials} rivals per runtime, slowest signal (ms) " + \
+            ", ".join(f"{rt} {t * 1e3:.1f}" for rt, t in worst.items())
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+IN_PROCESS = ["rust", "c", "python"]  # Node and Bun have no threads or fork here
+
+
+def threads(soak: bool) -> str:
+    """8 threads x 1,000 rounds acquiring one new lease at once: every
+    acquisition gets a handle on the one lease, none is refused by its own
+    process."""
+    rounds = 1_000
+    out = []
+    for rt in IN_PROCESS:
+        d = tempfile.mkdtemp(prefix="sidelease-threads-")
+        a = Agent(rt, f"threads-{rt}")
+        try:
+            r = a.call({"cmd": "threads", "dir": d, "threads": 8, "rounds": rounds}, 300)
+            assert r.get("ok"), f"{rt}: {r}"
+            assert r["refused_by_self"] == 0 and not r["other_errors"], f"{rt}: {r}"
+            assert r["acquired"] == 8 * rounds, f"{rt}: {r}"
+            out.append(f"{rt} {r['acquired']}")
+        finally:
+            a.close()
+            shutil.rmtree(d, ignore_errors=True)
+    return "acquisitions, 0 refused by their own process: " + ", ".join(out)
+
+
+def fork_storm(soak: bool) -> str:
+    """Forks while another thread acquires and releases: no child may keep
+    a descriptor of the lease file, and the parent acquires afterwards."""
+    forks = 20_000 if soak else 5_000
+    out = []
+    for rt in IN_PROCESS:
+        d = tempfile.mkdtemp(prefix="sidelease-forks-")
+        a = Agent(rt, f"forks-{rt}")
+        try:
+            r = a.call({"cmd": "fork_storm", "target": os.path.join(d, "app.db"), "forks": forks}, 600)
+            assert r.get("ok"), f"{rt}: {r}"
+            assert r["children_with_lease_fd"] == 0, f"{rt}: {r}"
+            assert r["final_acquire"] == "ok", f"{rt}: {r}"
+            out.append(f"{rt} {r['forks']} forks / {r['cycles']} cycles")
+        finally:
+            a.close()
+            shutil.rmtree(d, ignore_errors=True)
+    return "0 children with a lease descriptor: " + ", ".join(out)
+
+
 REQUIRED = {"schema", "generation", "pid", "started_at", "target", "lease_path", "nonce", "runtime", "library"}
 
 
@@ -171,4 +330,9 @@ CHECKS: List[Tuple[str, Callable[[bool], str]]] = [
     ("mutual exclusion", mutual_exclusion),
     ("crash injection", crash_injection),
     ("tampering", tampering),
+    ("tampering, split guard off", tampering_guard_off),
+    ("re-anchor", reanchor),
+    ("lost signal", lost_signal),
+    ("threads", threads),
+    ("fork storm", fork_storm),
 ]

@@ -37,6 +37,7 @@ class Context:
         self.pids: Dict[str, int] = {}
         self.saved: Dict[str, Any] = {}
         self.children: List[int] = []
+        self.fds: List[int] = []
         self.db = os.path.join(self.dir, "app.db")
 
     def agent(self, role: str) -> Agent:
@@ -63,6 +64,8 @@ class Context:
             a.close()
         for pid in self.children:
             kill_pid(pid)
+        for fd in self.fds:
+            os.close(fd)
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def transcripts(self) -> str:
@@ -138,7 +141,12 @@ def run_step(ctx: Context, step: Dict[str, Any]) -> None:
         ctx.agent(who).signal(getattr(signal, "SIG" + step["sig"]))
         return
     elif kind == "file":
-        faults.file_op(step["op"], ctx.subst(step.get("path", "$lease")), ctx.subst(step.get("to", "")))
+        fd = faults.file_op(step["op"], ctx.subst(step.get("path", "$lease")), ctx.subst(step.get("to", "")))
+        if fd is not None:
+            ctx.fds.append(fd)
+        return
+    elif kind == "sleep":
+        time.sleep(step["seconds"])
         return
     else:
         raise ValueError(f"unknown step {kind!r}")

@@ -359,7 +359,7 @@ fn wait_lost(l: &Lease, timeout: f64) -> Value {
     };
     let mut fds = [PollFd::new(&fd, PollFlags::IN)];
     let _ = poll(&mut fds, Some(&ts));
-    let lost = !fds[0].revents().is_empty();
+    let lost = !fds[0].revents().is_empty() && matches!(l.state(), LeaseState::Lost(_));
     let mut v = state_json(l);
     v["lost"] = json!(lost);
     v["elapsed_ms"] = json!(start.elapsed().as_secs_f64() * 1000.0);
