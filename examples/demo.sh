@@ -32,7 +32,12 @@ cleanup() {
 }
 trap cleanup EXIT
 db=$work/app.db
-step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+# Bold headings on a terminal only.
+if [ -t 1 ]; then
+  step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+else
+  step() { printf '\n== %s\n' "$*"; }
+fi
 
 step "a Python backend takes the lease of $db"
 mkfifo "$work/in"
@@ -64,6 +69,18 @@ set -e
 
 step "who holds it, from the kernel (sidelease status)"
 set +e; "$sidelease" status "$db"; echo "(exit status $?: 3 = held)"; set -e
+
+step "an operator moves the live lease file aside (mv): the holder puts a locked one back at once"
+mv "$db.backend-lease" "$db.backend-lease.old"
+for _ in $(seq 1 500); do [ -e "$db.backend-lease" ] && break; sleep 0.01; done
+ls "$work" | grep backend-lease | sed 's/^/  /'
+"$bun" -e "$contend"
+
+step "someone deletes it (rm): still exactly one holder"
+rm "$db.backend-lease"
+for _ in $(seq 1 500); do [ -e "$db.backend-lease" ] && break; sleep 0.01; done
+node -e "$contend"
+set +e; "$sidelease" status "$db"; echo "(exit status $?: 3 = held, by the same Python process)"; set -e
 
 step "the Python backend is SIGKILLed: no cleanup, the kernel drops the lock"
 kill -KILL "$holder"; wait "$holder" 2>/dev/null || true; holder=
