@@ -62,6 +62,14 @@ async function main() {
       try { sidelease.acquire(target); } catch (e) { if (e.code === 'SIDELEASE_IN_USE') return; throw e; }
       throw new Error('the lease should be held elsewhere');
     });
+  } else if (mode === 'anchor:proper_lockfile_sync') {
+    const lockfile = require('proper-lockfile');
+    const file = target + '.proper';
+    fs.writeFileSync(file, '');
+    out = measure(iters, () => {
+      lockfile.lockSync(file);
+      lockfile.unlockSync(file);
+    });
   } else if (mode === 'anchors') {
     const lockfile = require('proper-lockfile');
     const file = target + '.proper';

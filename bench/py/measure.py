@@ -32,6 +32,41 @@ def measure(iters: int, f: Callable[[], None]) -> Dict[str, int]:
     return stats(ns)
 
 
+def anchors(target: str) -> Dict[str, Callable[[], None]]:
+    """One uncontended cycle of each library users would pick instead."""
+    import fasteners
+    import filelock
+    import portalocker
+
+    def bare() -> None:
+        fd = os.open(target + ".bare", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.close(fd)
+
+    fl = filelock.FileLock(target + ".filelock")
+
+    def filelock_cycle() -> None:
+        fl.acquire(timeout=0)
+        fl.release()
+
+    def portalocker_cycle() -> None:
+        with portalocker.Lock(target + ".portalocker", timeout=0, fail_when_locked=True):
+            pass
+
+    fa = fasteners.InterProcessLock(target + ".fasteners")
+
+    def fasteners_cycle() -> None:
+        fa.acquire(blocking=False)
+        fa.release()
+
+    return {
+        "python_bare_flock": bare,
+        "python_filelock": filelock_cycle,
+        "python_portalocker": portalocker_cycle,
+        "python_fasteners": fasteners_cycle,
+    }
+
+
 def main() -> None:
     mode, target = sys.argv[1], sys.argv[2]
     if mode == "waiter":
@@ -53,36 +88,12 @@ def main() -> None:
                 return
             raise AssertionError("the lease should be held elsewhere")
         out = measure(iters, refused)
-    elif mode == "anchors":
-        import fasteners
-        import filelock
-        import portalocker
-
-        def bare() -> None:
-            fd = os.open(target + ".bare", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            os.close(fd)
-
-        fl = filelock.FileLock(target + ".filelock")
-        def filelock_cycle() -> None:
-            fl.acquire(timeout=0)
-            fl.release()
-
-        def portalocker_cycle() -> None:
-            with portalocker.Lock(target + ".portalocker", timeout=0, fail_when_locked=True):
-                pass
-
-        fa = fasteners.InterProcessLock(target + ".fasteners")
-        def fasteners_cycle() -> None:
-            fa.acquire(blocking=False)
-            fa.release()
-
-        out = {
-            "python_bare_flock": measure(iters, bare),
-            "python_filelock": measure(iters, filelock_cycle),
-            "python_portalocker": measure(iters, portalocker_cycle),
-            "python_fasteners": measure(iters, fasteners_cycle),
-        }
+    elif mode == "anchors" or mode.startswith("anchor:"):
+        cycles = anchors(target)
+        if mode == "anchors":
+            out = {name: measure(iters, f) for name, f in cycles.items()}
+        else:
+            out = measure(iters, cycles[mode.split(":", 1)[1]])
     else:
         raise SystemExit(f"unknown mode {mode}")
     print(json.dumps(out))

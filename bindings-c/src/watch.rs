@@ -103,8 +103,9 @@ unsafe impl Sync for UserData {}
 /// Call `callback(reason, user_data)` when the lease is lost (at once, in
 /// this thread, if it already was). It runs on the library's watcher
 /// thread: keep it short, never block in it, and make `user_data` safe to
-/// use from there. It must not free this lease. A callback that is NULL is
-/// an error.
+/// use from there. It must not free this lease. Callbacks have run by the
+/// time the lost descriptor turns readable. A callback that is NULL is an
+/// error.
 ///
 /// Returns SIDELEASE_OK, SIDELEASE_ERR_NULL_ARGUMENT or
 /// SIDELEASE_ERR_INVALID_ARGUMENT (released handle).

@@ -145,11 +145,12 @@ impl Shared {
             st.phase = Phase::Lost(lost.clone());
             st.callbacks.clone()
         };
-        if let Some(fd) = self.lost_fd.get() {
-            let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
-        }
+        // Callbacks first: whoever wakes on the descriptor finds them run.
         for cb in callbacks {
             cb(&lost);
+        }
+        if let Some(fd) = self.lost_fd.get() {
+            let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
         }
     }
 }

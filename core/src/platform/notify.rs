@@ -20,7 +20,7 @@ static POOL: Mutex<(u32, Vec<Idle>)> = Mutex::new((0, Vec::new()));
 const POOL_MAX: usize = 16;
 
 fn take_instance() -> Option<OwnedFd> {
-    let pid = std::process::id();
+    let pid = super::process::pid();
     // try_lock: after fork the lock may be held by a thread that is gone.
     let idle = match POOL.try_lock() {
         Ok(mut pool) => {
@@ -48,7 +48,7 @@ fn take_instance() -> Option<OwnedFd> {
 
 fn give_back(fd: OwnedFd, wds: Vec<i32>) {
     if let Ok(mut pool) = POOL.try_lock() {
-        if pool.0 == std::process::id() && pool.1.len() < POOL_MAX {
+        if pool.0 == super::process::pid() && pool.1.len() < POOL_MAX {
             pool.1.push((fd, wds));
             return;
         }
