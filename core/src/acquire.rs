@@ -291,6 +291,7 @@ impl Pending {
                     lease_path: &of.canon,
                     name: &self.spelled.name,
                     dir,
+                    file_dev: Some(key.0),
                 };
                 let outcome = guard::check(of.fd(), &me)?;
                 if let Some(orphan) = outcome.orphan {

@@ -10,7 +10,7 @@
 //! when the record inside it (read through the holder's descriptor) names
 //! this lease's directory and file name.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::ffi::OsStr;
 use std::os::fd::BorrowedFd;
 use std::path::Path;
@@ -18,9 +18,10 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::error::Result;
-use crate::platform::locks::{self, FlockLock};
+use crate::platform::locks;
 use crate::platform::process::{self, FdScan, KernelKey};
 use crate::record::{self, Content, Record};
+use crate::registry;
 
 /// A live process holding a former lease file of this lease.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -40,6 +41,10 @@ pub(crate) struct Me<'a> {
     pub name: &'a OsStr,
     /// Its directory as (device, inode).
     pub dir: (u64, u64),
+    /// The `stat` device of the lease file's filesystem, when known: this
+    /// process's own lease files there are recognised from the registry
+    /// instead of being read back through `/proc/self/fd`.
+    pub file_dev: Option<u64>,
 }
 
 impl Me<'_> {
@@ -102,28 +107,41 @@ pub(crate) fn scan(
     let Ok(all) = locks::flock_locks_on(major, minor) else {
         return out; // incomplete: no kernel view
     };
-    let candidates: Vec<&FlockLock> = all
-        .iter()
-        .filter(|l| l.exclusive && Some(l.ino) != current)
-        .collect();
-    let mut unresolved: Vec<KernelKey> = Vec::new();
-    for l in candidates {
-        let key = KernelKey {
+    let own = own_leases_elsewhere(me);
+    // One look at each holder's descriptors for all its candidates: a
+    // process holding many leases is read once, not once per lease.
+    let mut by_pid: BTreeMap<u32, Vec<KernelKey>> = BTreeMap::new();
+    for l in all.iter().filter(|l| l.exclusive && Some(l.ino) != current) {
+        if l.pid == process::pid() && own.contains(&l.ino) {
+            continue;
+        }
+        by_pid.entry(l.pid).or_default().push(KernelKey {
             major,
             minor,
             ino: l.ino,
-        };
-        match process::holding_fd(l.pid, key) {
-            FdScan::Found(fd) => {
-                examine(&mut out, me, l.pid, fd, key);
-                if first_only && !out.orphans.is_empty() {
-                    return out;
+        });
+    }
+    let mut unresolved: Vec<KernelKey> = Vec::new();
+    for (pid, keys) in by_pid {
+        match process::holding_fds(pid, &keys) {
+            FdScan::Found(fds) => {
+                for (key, fd) in keys.into_iter().zip(fds) {
+                    match fd {
+                        Some(fd) => {
+                            examine(&mut out, me, pid, fd, key);
+                            if first_only && !out.orphans.is_empty() {
+                                return out;
+                            }
+                        }
+                        // The PID the kernel lists took the lock but no
+                        // longer has it open (or is another process now):
+                        // whoever kept its descriptor holds it.
+                        None => unresolved.push(key),
+                    }
                 }
             }
-            FdScan::Denied => out.unattributed += 1,
-            // The PID the kernel lists took the lock but is gone (or is
-            // another process now): whoever kept its descriptor holds it.
-            FdScan::NotFound | FdScan::Gone => unresolved.push(key),
+            FdScan::Denied => out.unattributed += keys.len(),
+            FdScan::NotFound | FdScan::Gone => unresolved.extend(keys),
         }
     }
     if !unresolved.is_empty() {
@@ -153,6 +171,21 @@ pub(crate) fn scan(
     }
     out.complete = out.unattributed == 0 && process::current().sees_everything();
     out
+}
+
+/// Inodes of lease files this process holds (every anchor, former ones
+/// too) on the lease file's filesystem whose records name another lease:
+/// the registry knows what it wrote there, so they need no reading. (A
+/// record someone overwrote is put back by the holder's watch.)
+fn own_leases_elsewhere(me: &Me<'_>) -> HashSet<u64> {
+    let (Some(dev), Some(reg)) = (me.file_dev, registry::existing()) else {
+        return HashSet::new();
+    };
+    reg.lock()
+        .held_on(dev)
+        .filter(|(_, s)| !me.owns(&s.record))
+        .map(|(ino, _)| ino)
+        .collect()
 }
 
 /// Is the lock `key`, held by `pid` through `fd`, a former file of this

@@ -166,6 +166,7 @@ pub fn inspect(target: impl AsRef<Path>, options: &Options) -> Result<Inspection
             lease_path: lp,
             name: &spelled.name,
             dir: (dir.st_dev, dir.st_ino),
+            file_dev: found.key.map(|k| k.0),
         },
         false,
     );

@@ -89,6 +89,12 @@ pub(crate) fn attempt_id() -> u64 {
     ATTEMPTS.fetch_add(1, Ordering::Relaxed)
 }
 
+/// The registry, if this process (since its last fork) has made one.
+pub(crate) fn existing() -> Option<&'static Registry> {
+    // SAFETY: registries are leaked boxes, never freed.
+    unsafe { REGISTRY.load(Ordering::Acquire).as_ref() }
+}
+
 pub(crate) fn get() -> &'static Registry {
     let p = REGISTRY.load(Ordering::Acquire);
     // SAFETY: registries are leaked boxes, never freed (a forked child
@@ -302,6 +308,15 @@ impl Inner {
         }
         s.add_handle();
         Some(s.clone())
+    }
+
+    /// Every lease file held on the device `dev` (as `stat` names it), by
+    /// inode.
+    pub(crate) fn held_on(&self, dev: u64) -> impl Iterator<Item = (u64, &Arc<Shared>)> {
+        self.held
+            .iter()
+            .filter(move |((d, _), _)| *d == dev)
+            .map(|((_, i), s)| (*i, s))
     }
 
     pub(crate) fn insert(&mut self, key: Key, shared: Arc<Shared>) {

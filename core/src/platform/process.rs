@@ -1,5 +1,6 @@
 //! Process identity and descriptors, as `/proc` tells them.
 
+use std::collections::HashMap;
 use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
@@ -222,6 +223,42 @@ pub fn fd_holds(pid: u32, fd: u32, key: KernelKey) -> bool {
 /// through `/proc/PID/fd/N`), and only those have their fdinfo read.
 pub fn holding_fd(pid: u32, key: KernelKey) -> FdScan<u32> {
     find_fd(pid, |fd, st| st.st_ino == key.ino && fd_holds(pid, fd, key))
+}
+
+/// For each of the locks `keys` (all on one device), the descriptor of
+/// `pid` that owns it, from one pass over its descriptors.
+pub fn holding_fds(pid: u32, keys: &[KernelKey]) -> FdScan<Vec<Option<u32>>> {
+    let fds = match fds_of(pid) {
+        FdScan::Found(f) => f,
+        FdScan::NotFound => return FdScan::NotFound,
+        FdScan::Denied => return FdScan::Denied,
+        FdScan::Gone => return FdScan::Gone,
+    };
+    let mut wanted: HashMap<u64, Vec<usize>> = HashMap::new();
+    for (i, k) in keys.iter().enumerate() {
+        wanted.entry(k.ino).or_default().push(i);
+    }
+    let mut out = vec![None; keys.len()];
+    let mut left = keys.len();
+    for fd in fds {
+        if left == 0 {
+            break;
+        }
+        let Ok(st) = rustix::fs::stat(format!("/proc/{pid}/fd/{fd}")) else {
+            continue;
+        };
+        let Some(idx) = wanted.get(&st.st_ino) else {
+            continue;
+        };
+        for &i in idx {
+            if out[i].is_none() && fd_holds(pid, fd, keys[i]) {
+                out[i] = Some(fd);
+                left -= 1;
+                break;
+            }
+        }
+    }
+    FdScan::Found(out)
 }
 
 /// Find the descriptor of `pid` that owns the flock lock on the file `stat`
