@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use rustix::fs::{FileType, FlockOperation, Mode, OFlags};
 use rustix::io::Errno;
 
+use crate::access::{self, Access};
 use crate::error::{Contention, Error, Result};
 use crate::guard::{self, Orphan};
 use crate::holders;
@@ -70,9 +71,6 @@ const REANCHOR_GRACE: Duration = Duration::from_millis(20);
 /// the grace, over and over, must not starve it.
 const GRACE_BUDGET: Duration = Duration::from_millis(200);
 
-/// The default mode of a new lease file (before the umask).
-pub(crate) const CREATE_MODE: u32 = 0o644;
-
 /// The lease file opened by this attempt, listed for the fork handler.
 struct OpenFile {
     fd: RawFd,
@@ -83,6 +81,8 @@ struct OpenFile {
     /// The canonical lease path, from the kernel.
     canon: PathBuf,
     size: usize,
+    /// Who may open it: a lease file that has to be put back is made the same.
+    access: Access,
     /// How long ago the file was created (`None`: the filesystem does not
     /// say).
     age: Option<Duration>,
@@ -394,11 +394,20 @@ impl Pending {
                     }
                     r => r?,
                 };
-                match open(base | OFlags::RDWR | OFlags::CREATE, CREATE_MODE) {
+                let access = access::for_target(&path::target_of(path, &self.opts.suffix));
+                // Exclusive, so only a file this process made is given away.
+                match open(
+                    base | OFlags::RDWR | OFlags::CREATE | OFlags::EXCL,
+                    access.mode,
+                ) {
                     Ok(r) => {
                         let (fd, slot) = r?;
+                        // SAFETY: just opened, and open until `OpenFile` closes it.
+                        access::apply(unsafe { BorrowedFd::borrow_raw(fd) }, &access);
                         (fd, slot, true)
                     }
+                    // Someone else made it in the meantime: open theirs.
+                    Err(e) if e.raw_os_error() == Some(libc::EEXIST) => return Ok(Opened::Moved),
                     Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
                         // Never create directories: name the missing one
                         // (or the file, on a filesystem that refuses it).
@@ -441,6 +450,10 @@ impl Pending {
             epoch: registry::epoch(),
             canon: PathBuf::new(),
             size: 0,
+            access: Access {
+                mode: 0o600,
+                owner: None,
+            },
             age: None,
             waited: false,
             graced: false,
@@ -463,6 +476,7 @@ impl Pending {
         of.key = (st.st_dev, st.st_ino);
         of.canon = canon;
         of.size = st.st_size as usize;
+        of.access = access::of_file(st.st_mode, st.st_uid, st.st_gid);
         of.age = st.age;
         Ok(Opened::File(of))
     }
@@ -536,13 +550,14 @@ impl Pending {
             bytes.len()
         };
         let key = of.key;
+        let access = of.access;
         let (anchor, canon) = of.into_anchor(line, len);
         let shared = Arc::new(Shared::new(SharedInit {
             target: path::target_of(&canon, &self.opts.suffix),
             lease_path: canon,
             record: rec,
             previous,
-            create_mode: CREATE_MODE,
+            access,
             anchor,
         }));
         let reg = registry::get();
@@ -758,6 +773,8 @@ struct FileStat {
     st_ino: u64,
     st_nlink: u64,
     st_size: u64,
+    st_uid: u32,
+    st_gid: u32,
     age: Option<Duration>,
 }
 
@@ -783,6 +800,8 @@ fn stat_with_age(fd: BorrowedFd<'_>) -> std::io::Result<FileStat> {
         st_ino: x.stx_ino,
         st_nlink: u64::from(x.stx_nlink),
         st_size: x.stx_size,
+        st_uid: x.stx_uid,
+        st_gid: x.stx_gid,
         age,
     })
 }

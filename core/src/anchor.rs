@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use rustix::fs::{FlockOperation, Mode, OFlags};
 use rustix::io::Errno;
 
+use crate::access::{self, Access};
 use crate::error::Lost;
 use crate::holders;
 use crate::lease::{write_padded, Anchor, Phase, Shared, State};
@@ -145,7 +146,7 @@ fn reanchor(shared: &Arc<Shared>, replaced: bool) -> Outcome {
             drop(st);
             return failing(shared, "the file kept being replaced");
         }
-        let (fd, slot, writable) = match open_for_anchor(path, shared.create_mode) {
+        let (fd, slot, writable) = match open_for_anchor(path, &shared.access) {
             Ok(r) => r,
             Err(e) => {
                 drop(st);
@@ -256,16 +257,34 @@ fn push_anchor(st: &mut State, anchor: Anchor) {
     }
 }
 
-fn open_for_anchor(path: &Path, mode: u32) -> std::io::Result<(i32, u32, bool)> {
+fn open_for_anchor(path: &Path, access: &Access) -> std::io::Result<(i32, u32, bool)> {
     let base = OFlags::CLOEXEC | OFlags::NOFOLLOW | OFlags::NOCTTY;
     let open = |flags: OFlags| {
-        registry::open_listed(|| Ok(rustix::fs::open(path, flags, Mode::from_raw_mode(mode))?))
+        registry::open_listed(|| {
+            Ok(rustix::fs::open(
+                path,
+                flags,
+                Mode::from_raw_mode(access.mode),
+            )?)
+        })
     };
     let flatten =
         |r: std::io::Result<crate::error::Result<(i32, u32)>>| -> std::io::Result<(i32, u32)> {
             r?.map_err(|e| std::io::Error::other(e.to_string()))
         };
-    match open(base | OFlags::RDWR | OFlags::CREATE) {
+    // Exclusive first, so only a file this process put back is given the
+    // former file's owner and group.
+    let r = match open(base | OFlags::RDWR | OFlags::CREATE | OFlags::EXCL) {
+        Ok(r) => {
+            let (fd, slot) = flatten(Ok(r))?;
+            // SAFETY: just opened; the caller closes it or hands it on.
+            access::apply(unsafe { BorrowedFd::borrow_raw(fd) }, access);
+            return Ok((fd, slot, true));
+        }
+        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => open(base | OFlags::RDWR),
+        Err(e) => Err(e),
+    };
+    match r {
         Ok(r) => flatten(Ok(r)).map(|(fd, slot)| (fd, slot, true)),
         Err(e)
             if matches!(

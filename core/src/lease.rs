@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use rustix::fs::FlockOperation;
 
+use crate::access::Access;
 use crate::acquire::Pending;
 use crate::error::{Error, Lost, Result};
 use crate::options::Options;
@@ -72,8 +73,8 @@ pub(crate) struct Shared {
     pub record: Record,
     pub previous: Content,
     pub writable: bool,
-    /// Mode a lease file is created with when it has to be put back.
-    pub create_mode: u32,
+    /// How a lease file is made when it has to be put back.
+    pub access: Access,
     handles: AtomicUsize,
     state: Mutex<State>,
     lost_fd: OnceLock<OwnedFd>,
@@ -93,7 +94,7 @@ pub(crate) struct SharedInit {
     pub lease_path: PathBuf,
     pub record: Record,
     pub previous: Content,
-    pub create_mode: u32,
+    pub access: Access,
     pub anchor: Anchor,
 }
 
@@ -106,7 +107,7 @@ impl Shared {
             record: init.record,
             previous: init.previous,
             writable: init.anchor.writable,
-            create_mode: init.create_mode,
+            access: init.access,
             handles: AtomicUsize::new(1),
             state: Mutex::new(State {
                 anchors: vec![init.anchor],

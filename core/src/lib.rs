@@ -21,6 +21,7 @@
 //!
 //! This crate is the one core the C, Python, Node and Bun surfaces share.
 
+mod access;
 mod acquire;
 mod anchor;
 mod error;

@@ -609,6 +609,10 @@ fn unwritable_existing_lease_file_is_locked_read_only() {
     let mut root = Agent::spawn();
     let h = root.acquire_ok(&db);
     root.call(json!({"cmd": "release", "handle": h["handle"]}));
+    // Shared on purpose with a group, read-only: the lock still works.
+    let lp = format!("{db}.backend-lease");
+    std::os::unix::fs::chown(&lp, Some(0), Some(65534)).unwrap();
+    set_mode(&lp, 0o640);
     let Some(mut a) = nobody_agent() else { return };
     let got = a.acquire_ok(&db);
     assert_eq!(got["record_written"], false, "{got}");
@@ -639,6 +643,127 @@ fn unwritable_existing_lease_file_is_locked_read_only() {
     let got = b.acquire_ok(&db);
     assert_eq!(got["generation"], json!(null), "{got}");
     assert_eq!(got["previous_released_cleanly"], json!(null), "{got}");
+}
+
+fn set_mode(path: &str, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// (mode bits, uid, gid) of a file.
+fn access_of(path: &str) -> (u32, u32, u32) {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).unwrap();
+    (m.mode() & 0o777, m.uid(), m.gid())
+}
+
+fn umasked(mode: u32) -> u32 {
+    // SAFETY: umask is read and restored at once; no file is created in
+    // between by this thread.
+    let mask = unsafe {
+        let m = libc::umask(0o022);
+        libc::umask(m);
+        m
+    };
+    mode & !mask
+}
+
+#[test]
+fn a_stranger_cannot_block_the_lease_of_a_database_only_its_owner_writes() {
+    let d = open_dir();
+    let db = d.path("app.db");
+    std::fs::write(&db, b"").unwrap();
+    set_mode(&db, 0o644);
+    let lp = format!("{db}.backend-lease");
+    let mut root = Agent::spawn();
+    let h = root.acquire_ok(&db);
+    assert_eq!(access_of(&lp), (umasked(0o600), 0, 0));
+    let Some(mut stranger) = nobody_agent() else {
+        return;
+    };
+    // Nothing to open, so no lock to take: refused as a permission error,
+    // never as "in use" (and it holds nothing afterwards).
+    let e = stranger.acquire_err(acquire(&db), "io");
+    assert_eq!(e["errno"], libc::EACCES, "{e}");
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("app.db.backend-lease"),
+        "{e}"
+    );
+    // What it can still see: held, from the kernel; the record unreadable.
+    let i = stranger.inspect(&db);
+    assert_eq!(i["state"], "held", "{i}");
+    assert_eq!(i["holders"], json!([root.pid]), "{i}");
+    assert_eq!(i["record"], json!(null), "{i}");
+    root.call(json!({"cmd": "release", "handle": h["handle"]}));
+    let e = stranger.acquire_err(acquire(&db), "io");
+    assert_eq!(e["errno"], libc::EACCES, "{e}");
+    let mut again = Agent::spawn();
+    assert_eq!(again.acquire_ok(&db)["generation"], 2);
+}
+
+#[test]
+fn a_group_writable_database_gets_a_lease_its_group_shares() {
+    let d = open_dir();
+    let db = d.path("app.db");
+    std::fs::write(&db, b"").unwrap();
+    std::os::unix::fs::chown(&db, Some(0), Some(65534)).unwrap();
+    set_mode(&db, 0o664);
+    let lp = format!("{db}.backend-lease");
+    // A group that shares files runs with umask 002.
+    let mut cmd = std::process::Command::new(common::reachable_agent());
+    // SAFETY: umask is async-signal-safe.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            libc::umask(0o002);
+            Ok(())
+        });
+    }
+    let mut root = Agent::spawn_cmd(cmd);
+    let h = root.acquire_ok(&db);
+    assert_eq!(access_of(&lp), (0o660, 0, 65534));
+    let Some(mut member) = nobody_agent() else {
+        return;
+    };
+    let e = member.acquire_err(acquire(&db), "in_use");
+    assert_eq!(e["holders"], json!([root.pid]), "{e}");
+    root.call(json!({"cmd": "release", "handle": h["handle"]}));
+    let got = member.acquire_ok(&db);
+    assert_eq!(got["record_written"], true, "{got}");
+    assert_eq!(got["generation"], 2, "{got}");
+    root.acquire_err(acquire(&db), "in_use");
+}
+
+#[test]
+fn a_lease_root_creates_for_another_users_database_belongs_to_that_user() {
+    let d = open_dir();
+    let db = d.path("app.db");
+    std::fs::write(&db, b"").unwrap();
+    std::os::unix::fs::chown(&db, Some(65534), Some(65534)).unwrap();
+    set_mode(&db, 0o644);
+    let lp = format!("{db}.backend-lease");
+    let mut root = Agent::spawn();
+    let h = root.acquire_ok(&db);
+    assert_eq!(access_of(&lp), (umasked(0o600), 65534, 65534));
+    // Deleted under the holder: the copy its watch puts back is made the
+    // same way, owner and group included.
+    std::fs::remove_file(&lp).unwrap();
+    let until = Instant::now() + Duration::from_secs(5);
+    // (Made, then given away: wait for both, not just for the name.)
+    let want = (umasked(0o600), 65534, 65534);
+    while !(std::fs::metadata(&lp).is_ok() && access_of(&lp) == want) && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(access_of(&lp), want);
+    root.call(json!({"cmd": "release", "handle": h["handle"]}));
+    let Some(mut owner) = nobody_agent() else {
+        return;
+    };
+    let got = owner.acquire_ok(&db);
+    assert_eq!(got["record_written"], true, "{got}");
+    assert_eq!(got["generation"], 2, "{got}");
 }
 
 #[test]

@@ -1,0 +1,99 @@
+//! Who may open a lease file. `flock` needs only a descriptor, and a
+//! read-only one will do, so whoever can open the lease file can take the
+//! lease: a new one is opened to exactly those who may write the database.
+
+use std::os::fd::BorrowedFd;
+use std::path::Path;
+
+use rustix::fs::{Gid, Mode, Uid};
+
+/// How a lease file is (re)created: its permission bits (before the umask)
+/// and, when known, the owner and group it should have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Access {
+    pub mode: u32,
+    pub owner: Option<(u32, u32)>,
+}
+
+/// For a new lease file of `target`: read and write for exactly the classes
+/// (owner, group, other) that may write the target, owned like it; `0600`
+/// while the target does not exist.
+pub(crate) fn for_target(target: &Path) -> Access {
+    match rustix::fs::stat(target) {
+        Ok(st) => Access {
+            mode: for_writers(st.st_mode),
+            owner: Some((st.st_uid, st.st_gid)),
+        },
+        Err(_) => Access {
+            mode: 0o600,
+            owner: None,
+        },
+    }
+}
+
+/// Read and write for each class that has write permission in `mode`, and
+/// always for the owner (who may make the target writable at will).
+pub(crate) fn for_writers(mode: u32) -> u32 {
+    [(0o020, 0o060), (0o002, 0o006)]
+        .iter()
+        .filter(|(w, _)| mode & w != 0)
+        .fold(0o600, |acc, (_, rw)| acc | rw)
+}
+
+/// Of an existing lease file, so a copy put back is opened to the same
+/// people.
+pub(crate) fn of_file(mode: u32, uid: u32, gid: u32) -> Access {
+    Access {
+        mode: mode & 0o777,
+        owner: Some((uid, gid)),
+    }
+}
+
+/// Give a lease file this process has just created the owner (as root) and
+/// the group `access` names. Where the group cannot be given (this user is
+/// not a member), the group permissions are taken away rather than granted
+/// to this process's own group.
+pub(crate) fn apply(fd: BorrowedFd<'_>, access: &Access) {
+    let Some((uid, gid)) = access.owner else {
+        return;
+    };
+    let Ok(st) = rustix::fs::fstat(fd) else {
+        return;
+    };
+    let owner =
+        (rustix::process::geteuid().is_root() && st.st_uid != uid).then(|| Uid::from_raw(uid));
+    let group = (st.st_gid != gid).then(|| Gid::from_raw(gid));
+    if owner.is_none() && group.is_none() {
+        return;
+    }
+    if rustix::fs::fchown(fd, owner, group).is_err() && group.is_some() && st.st_mode & 0o070 != 0 {
+        let _ = rustix::fs::fchmod(fd, Mode::from_raw_mode(st.st_mode & 0o707));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writers_get_read_and_write_and_nobody_else_does() {
+        assert_eq!(for_writers(0o100644), 0o600);
+        assert_eq!(for_writers(0o100664), 0o660);
+        assert_eq!(for_writers(0o100666), 0o666);
+        assert_eq!(for_writers(0o100444), 0o600);
+        assert_eq!(for_writers(0o40755), 0o600);
+        assert_eq!(for_writers(0o100602), 0o606);
+    }
+
+    #[test]
+    fn a_missing_target_gives_owner_only() {
+        let d = tempfile::tempdir().unwrap();
+        assert_eq!(
+            for_target(&d.path().join("nope")),
+            Access {
+                mode: 0o600,
+                owner: None
+            }
+        );
+    }
+}
