@@ -123,20 +123,23 @@ pub(crate) fn scan(
     }
     let mut unresolved: Vec<KernelKey> = Vec::new();
     for (pid, keys) in by_pid {
-        match process::holding_fds(pid, &keys) {
-            FdScan::Found(fds) => {
-                for (key, fd) in keys.into_iter().zip(fds) {
-                    match fd {
-                        Some(fd) => {
-                            examine(&mut out, me, pid, fd, key);
-                            if first_only && !out.orphans.is_empty() {
+        let inos: Vec<u64> = keys.iter().map(|k| k.ino).collect();
+        match process::fds_on(pid, &inos) {
+            FdScan::Found(open) => {
+                for (key, fds) in keys.into_iter().zip(open) {
+                    match judge(me, pid, key, &fds) {
+                        Judged::Orphan(o) => {
+                            out.orphans.push(*o);
+                            if first_only {
                                 return out;
                             }
                         }
+                        Judged::NotOurs => {}
+                        Judged::Unreadable => out.unattributed += 1,
                         // The PID the kernel lists took the lock but no
                         // longer has it open (or is another process now):
                         // whoever kept its descriptor holds it.
-                        None => unresolved.push(key),
+                        Judged::NotHeldHere => unresolved.push(key),
                     }
                 }
             }
@@ -171,6 +174,43 @@ pub(crate) fn scan(
     }
     out.complete = out.unattributed == 0 && process::current().sees_everything();
     out
+}
+
+enum Judged {
+    Orphan(Box<Orphan>),
+    NotOurs,
+    Unreadable,
+    NotHeldHere,
+}
+
+/// The lock `key`, listed for `pid`, which has the descriptors `fds` (with
+/// the file's size) open on its inode. The content is judged first and the
+/// fdinfo read only for a former file of this lease: a file that cannot hold
+/// a record (empty, or too large) is nobody's lease file, and most locks on
+/// a machine are not this lease's.
+fn judge(me: &Me<'_>, pid: u32, key: KernelKey, fds: &[(u32, u64)]) -> Judged {
+    let Some(&(first, size)) = fds.first() else {
+        return Judged::NotHeldHere;
+    };
+    if size == 0 || size > record::RECORD_MAX_BYTES as u64 {
+        return Judged::NotOurs;
+    }
+    let record = match process::read_through_fd(pid, first, record::RECORD_MAX_BYTES) {
+        Ok(bytes) => match Content::parse(&bytes) {
+            Content::Record(r) if me.owns(&r) => r,
+            _ => return Judged::NotOurs,
+        },
+        Err(_) => return Judged::Unreadable,
+    };
+    match fds.iter().find(|(fd, _)| process::fd_holds(pid, *fd, key)) {
+        Some(&(fd, _)) => Judged::Orphan(Box::new(Orphan {
+            pid,
+            inode: key.ino,
+            fd: Some(fd),
+            record: Some(*record),
+        })),
+        None => Judged::NotHeldHere,
+    }
 }
 
 /// Inodes of lease files this process holds (every anchor, former ones

@@ -225,9 +225,10 @@ pub fn holding_fd(pid: u32, key: KernelKey) -> FdScan<u32> {
     find_fd(pid, |fd, st| st.st_ino == key.ino && fd_holds(pid, fd, key))
 }
 
-/// For each of the locks `keys` (all on one device), the descriptor of
-/// `pid` that owns it, from one pass over its descriptors.
-pub fn holding_fds(pid: u32, keys: &[KernelKey]) -> FdScan<Vec<Option<u32>>> {
+/// For each of the inodes `inos` (all on one device), the descriptors of
+/// `pid` open on a file with that inode number, with the file's size, from
+/// one pass over its descriptors (a `stat` of each).
+pub fn fds_on(pid: u32, inos: &[u64]) -> FdScan<Vec<Vec<(u32, u64)>>> {
     let fds = match fds_of(pid) {
         FdScan::Found(f) => f,
         FdScan::NotFound => return FdScan::NotFound,
@@ -235,27 +236,20 @@ pub fn holding_fds(pid: u32, keys: &[KernelKey]) -> FdScan<Vec<Option<u32>>> {
         FdScan::Gone => return FdScan::Gone,
     };
     let mut wanted: HashMap<u64, Vec<usize>> = HashMap::new();
-    for (i, k) in keys.iter().enumerate() {
-        wanted.entry(k.ino).or_default().push(i);
+    for (i, ino) in inos.iter().enumerate() {
+        wanted.entry(*ino).or_default().push(i);
     }
-    let mut out = vec![None; keys.len()];
-    let mut left = keys.len();
+    let mut out = vec![Vec::new(); inos.len()];
     for fd in fds {
-        if left == 0 {
-            break;
-        }
         let Ok(st) = rustix::fs::stat(format!("/proc/{pid}/fd/{fd}")) else {
             continue;
         };
-        let Some(idx) = wanted.get(&st.st_ino) else {
-            continue;
-        };
-        for &i in idx {
-            if out[i].is_none() && fd_holds(pid, fd, keys[i]) {
-                out[i] = Some(fd);
-                left -= 1;
-                break;
-            }
+        for &i in wanted
+            .get(&st.st_ino)
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+        {
+            out[i].push((fd, st.st_size.max(0) as u64));
         }
     }
     FdScan::Found(out)
