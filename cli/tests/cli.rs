@@ -148,6 +148,7 @@ fn the_command_keeps_the_lease_if_hold_is_killed_unless_no_inherit() {
     let db = db.to_str().unwrap();
     for (flags, still_held) in [(&[][..], true), (&["--no-inherit"][..], false)] {
         let mut h = Holder::start(db, flags);
+        // SAFETY: kill(2) on a PID this test started; no memory is shared.
         unsafe { libc::kill(h.child.id() as i32, libc::SIGKILL) };
         wait_bounded(&mut h.child);
         let (code, v) = status_json(db);
@@ -187,6 +188,7 @@ fn sigterm_is_forwarded_and_the_lease_released_after_the_command() {
         .read_line(&mut line)
         .unwrap();
     assert!(line.starts_with("READY"));
+    // SAFETY: kill(2) on a PID this test started; no memory is shared.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let st = wait_bounded(&mut child);
     assert_eq!(
@@ -229,6 +231,7 @@ fn killed_hold_then_deleted_lease_file_still_refuses_a_contender() {
     let db = d.path().join("app.db");
     let db = db.to_str().unwrap();
     let mut h = Holder::start(db, &[]);
+    // SAFETY: kill(2) on a PID this test started; no memory is shared.
     unsafe { libc::kill(h.child.id() as i32, libc::SIGKILL) };
     wait_bounded(&mut h.child);
     std::fs::remove_file(format!("{db}.backend-lease")).unwrap();
@@ -271,6 +274,7 @@ fn a_lingering_descendant_keeps_hold_from_claiming_a_clean_release() {
     assert_eq!(code, 3, "the lingering process still holds the lock: {v}");
     assert_eq!(v["holders"], serde_json::json!([lingering]), "{v}");
     assert!(v["record"]["released_at"].is_null(), "{v}");
+    // SAFETY: kill(2) on a PID this test started; no memory is shared.
     unsafe { libc::kill(lingering, libc::SIGKILL) };
     let deadline = Instant::now() + Duration::from_secs(10);
     let v = loop {
@@ -316,6 +320,7 @@ fn on_lost_terminates_the_command_or_is_ignored() {
         let rival_path = d.path().join("rival");
         let rival = std::fs::File::create(&rival_path).unwrap();
         assert_eq!(
+            // SAFETY: flock(2) on a descriptor this test owns.
             unsafe { libc::flock(rival.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
             0
         );
@@ -335,6 +340,7 @@ fn on_lost_terminates_the_command_or_is_ignored() {
                 child.try_wait().unwrap().is_none(),
                 "ignore: the command ended"
             );
+            // SAFETY: kill(2) on a PID this test started; no memory is shared.
             unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
             assert_eq!(wait_bounded(&mut child).code(), Some(9));
         }

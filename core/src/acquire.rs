@@ -824,7 +824,7 @@ fn next_generation(previous: &Content, bytes: &[u8], path: &Path) -> Result<u64>
     let prev = match previous {
         Content::Record(r) => Some(r.generation.unwrap_or(0)),
         Content::Empty => Some(0),
-        Content::Unreadable => salvage_generation(bytes),
+        Content::Unreadable => record::salvage_generation(bytes),
     };
     prev.and_then(|g| g.checked_add(1)).ok_or_else(|| {
         Error::io(
@@ -860,37 +860,13 @@ fn open_error(path: &Path, e: std::io::Error) -> Error {
     }
 }
 
-/// The largest `"generation":N` in bytes that are not a valid record (a
-/// record torn by a crash keeps the new generation at its head), so the
-/// fencing token keeps growing across a corrupted record. `None` when a
-/// generation there does not fit in 64 bits.
-fn salvage_generation(bytes: &[u8]) -> Option<u64> {
-    const KEY: &[u8] = b"\"generation\":";
-    let mut best = 0u64;
-    let mut i = 0;
-    while let Some(pos) = bytes[i..].windows(KEY.len()).position(|w| w == KEY) {
-        let start = i + pos + KEY.len();
-        let digits: Vec<u8> = bytes[start..]
-            .iter()
-            .copied()
-            .skip_while(|b| *b == b' ')
-            .take_while(u8::is_ascii_digit)
-            .collect();
-        if !digits.is_empty() {
-            let n: u64 = std::str::from_utf8(&digits).ok()?.parse().ok()?;
-            best = best.max(n);
-        }
-        i = start;
-    }
-    Some(best)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn generation_survives_a_torn_record() {
+        use crate::record::salvage_generation;
         assert_eq!(salvage_generation(b"garbage"), Some(0));
         assert_eq!(
             salvage_generation(

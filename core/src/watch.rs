@@ -355,6 +355,7 @@ pub(crate) fn add_anchor(shared: &Arc<Shared>, fd: BorrowedFd<'_>) {
 
 /// The lease ended: its watches stay (kept for the next hold), unowned.
 pub(crate) fn forget(shared: &Arc<Shared>) {
+    // SAFETY: the watcher is a leaked box, never freed.
     let Some(w) = (unsafe { WATCHER.load(Ordering::Acquire).as_ref() }) else {
         return;
     };

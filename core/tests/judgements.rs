@@ -110,6 +110,7 @@ impl Drop for Sysctl {
 
 #[test]
 fn another_users_symlink_in_a_sticky_directory_is_not_followed() {
+    // SAFETY: geteuid(2) cannot fail and touches no memory.
     if unsafe { libc::geteuid() } != 0 {
         eprintln!("skipped: needs root to set fs.protected_symlinks and own a link as nobody");
         return;

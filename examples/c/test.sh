@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs libsidelease into a temporary prefix, builds the daemon through
 # pkg-config against that install, and checks that a second instance is
-# refused naming the first, and that SIGTERM releases.
+# refused naming the first, and that SIGTERM releases. Extra compiler flags
+# (for example sanitizers) come from SIDELEASE_CFLAGS.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -14,7 +15,7 @@ make -s -C "$root/bindings-c" install PREFIX="$work/prefix" >/dev/null
 export PKG_CONFIG_PATH="$work/prefix/lib/pkgconfig"
 test "$(pkg-config --modversion sidelease)" = "$(sed -n 's/^version = "\(.*\)"/\1/p' "$root/Cargo.toml" | head -1)"
 # shellcheck disable=SC2046
-cc -std=c11 -Wall -Werror "$here/daemon.c" $(pkg-config --cflags --libs sidelease) \
+cc -std=c11 -Wall -Werror ${SIDELEASE_CFLAGS:-} "$here/daemon.c" $(pkg-config --cflags --libs sidelease) \
    -Wl,-rpath,"$work/prefix/lib" -o "$work/daemon"
 readelf -d "$work/daemon" | grep -q 'NEEDED.*libsidelease.so.0' || { echo "not linked to the SONAME" >&2; exit 1; }
 

@@ -109,8 +109,11 @@ fn run(cmd: &Value, handles: &mut HashMap<u64, Lease>, next: &mut u64, execs: u6
         }
         "fork_child" => {
             // The child keeps whatever it inherited and lives until killed.
+            // SAFETY: the child only calls pause(2), which is
+            // async-signal-safe, until it is killed.
             match unsafe { libc::fork() } {
                 0 => loop {
+                    // SAFETY: as above.
                     unsafe { libc::pause() };
                 },
                 -1 => json!({"ok": false, "error": {"kind": "io", "message": "fork failed"}}),
@@ -121,6 +124,7 @@ fn run(cmd: &Value, handles: &mut HashMap<u64, Lease>, next: &mut u64, execs: u6
         "threads" => threads(cmd),
         "fork_storm" => fork_storm(cmd),
         "crash" => {
+            // SAFETY: kill(2) on this very process; nothing runs after it.
             unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
             json!({"ok": false})
         }

@@ -585,6 +585,7 @@ fn metadata_lands_in_the_record() {
 /// agent binary is copied to a directory `nobody` can reach: the checkout
 /// may live where other users cannot (under /root, or in a `mktemp -d`).
 fn nobody_agent() -> Option<Agent> {
+    // SAFETY: geteuid(2) cannot fail and touches no memory.
     if unsafe { libc::geteuid() } != 0 {
         eprintln!("skipped: permission cases need root to start an agent as nobody");
         return None;

@@ -123,6 +123,7 @@ impl Agent {
     }
 
     pub fn signal(&mut self, sig: i32) -> std::process::ExitStatus {
+        // SAFETY: kill(2) on the agent this test started.
         unsafe { libc::kill(self.pid as i32, sig) };
         self.wait_exit()
     }
@@ -154,10 +155,12 @@ impl Drop for Agent {
 
 /// Kill a process this test started (a forked child of an agent), by PID.
 pub fn kill_pid(pid: i64) {
+    // SAFETY: kill(2) touches no memory of this process.
     unsafe { libc::kill(pid as i32, libc::SIGKILL) };
 }
 
 pub fn is_alive(pid: i64) -> bool {
+    // SAFETY: kill(2) with signal 0 only checks the PID.
     unsafe { libc::kill(pid as i32, 0) == 0 }
 }
 
