@@ -7,6 +7,10 @@ use std::path::Path;
 
 use rustix::fs::{Gid, Mode, Uid};
 
+use crate::error::{Error, Result};
+use crate::path;
+use crate::registry;
+
 /// How a lease file is (re)created: its permission bits (before the umask)
 /// and, when known, the owner and group it should have.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,6 +73,47 @@ pub(crate) fn apply(fd: BorrowedFd<'_>, access: &Access) {
     if rustix::fs::fchown(fd, owner, group).is_err() && group.is_some() && st.st_mode & 0o070 != 0 {
         let _ = rustix::fs::fchmod(fd, Mode::from_raw_mode(st.st_mode & 0o707));
     }
+}
+
+/// Refuse a lease file someone else planted in a sticky directory that
+/// others may write (such as `/tmp`): whoever owns the file decides who may
+/// open it, and so who may take the lease. The rule is the kernel's
+/// `fs.protected_regular`, which refuses `O_CREAT` over such a file; the
+/// lease file is opened without `O_CREAT` first, so it is checked here. The
+/// owner may be this user, root, the directory's owner or the database's
+/// owner. `file` is (device, inode, owner); a file passes once per process.
+pub(crate) fn not_planted(lease_path: &Path, target: &Path, file: (u64, u64, u32)) -> Result<()> {
+    let reg = registry::get();
+    if reg.lock().vetted(file) {
+        return Ok(());
+    }
+    let uid = file.2;
+    let dir = path::parent_of(lease_path);
+    if let Ok(d) = rustix::fs::stat(dir) {
+        let shared_sticky = d.st_mode & 0o1000 != 0 && d.st_mode & 0o022 != 0;
+        if shared_sticky
+            && uid != 0
+            && uid != d.st_uid
+            && uid != rustix::process::geteuid().as_raw()
+            && rustix::fs::stat(target).map_or(true, |t| t.st_uid != uid)
+        {
+            return Err(Error::io(
+                "open",
+                lease_path,
+                std::io::Error::new(
+                    std::io::ErrorKind::PermissionDenied,
+                    format!(
+                        "the lease file belongs to uid {uid}, who owns neither the directory nor \
+                         the database, in a sticky directory others may write: it may have been \
+                         planted to control the lease, so it is refused (remove it as its owner \
+                         or root, or keep the lease in a directory others cannot write)"
+                    ),
+                ),
+            ));
+        }
+    }
+    reg.lock().vet(file);
+    Ok(())
 }
 
 #[cfg(test)]

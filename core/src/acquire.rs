@@ -473,6 +473,11 @@ impl Pending {
             return Ok(Opened::Moved);
         }
         fskind::check_fd(of.fd(), st.st_dev, &canon, self.opts.allow_unsupported_fs)?;
+        access::not_planted(
+            &canon,
+            &path::target_of(&canon, &self.opts.suffix),
+            (st.st_dev, st.st_ino, st.st_uid),
+        )?;
         of.key = (st.st_dev, st.st_ino);
         of.canon = canon;
         of.size = st.st_size as usize;

@@ -71,6 +71,8 @@ pub(crate) struct Inner {
     /// Threads waiting in `wait_settled` (a notify costs a system call, so
     /// it is only made when someone waits).
     waiting: usize,
+    /// Lease files (device, inode, owner) found not planted by a stranger.
+    vetted: std::collections::HashSet<(u64, u64, u32)>,
 }
 
 #[derive(Default)]
@@ -308,6 +310,14 @@ impl Inner {
         }
         s.add_handle();
         Some(s.clone())
+    }
+
+    pub(crate) fn vetted(&self, file: (u64, u64, u32)) -> bool {
+        self.vetted.contains(&file)
+    }
+
+    pub(crate) fn vet(&mut self, file: (u64, u64, u32)) {
+        self.vetted.insert(file);
     }
 
     /// Every lease file held on the device `dev` (as `stat` names it), by

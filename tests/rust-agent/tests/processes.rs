@@ -768,6 +768,34 @@ fn a_lease_root_creates_for_another_users_database_belongs_to_that_user() {
 }
 
 #[test]
+fn a_lease_file_planted_in_a_sticky_shared_directory_is_refused() {
+    let d = open_dir();
+    set_mode(d.dir.path().to_str().unwrap(), 0o1777); // like /tmp
+    let db = d.path("app.db");
+    let Some(mut stranger) = nobody_agent() else {
+        return;
+    };
+    // The stranger makes the lease file before the service does.
+    let h = stranger.acquire_ok(&db);
+    let mut root = Agent::spawn();
+    let e = root.acquire_err(acquire(&db), "io");
+    let msg = e["message"].as_str().unwrap();
+    assert!(
+        msg.contains("app.db.backend-lease") && msg.contains("planted") && msg.contains("65534"),
+        "{e}"
+    );
+    // Letting go changes nothing: the file is still the stranger's.
+    stranger.call(json!({"cmd": "release", "handle": h["handle"]}));
+    root.acquire_err(acquire(&db), "io");
+    // Unless the database is the stranger's too: then the lease is theirs
+    // to make, and anyone who may open it may take it.
+    std::fs::write(&db, b"").unwrap();
+    std::os::unix::fs::chown(&db, Some(65534), Some(65534)).unwrap();
+    let mut again = Agent::spawn();
+    again.acquire_ok(&db);
+}
+
+#[test]
 fn unwritable_directory_without_a_lease_file_is_permission_denied() {
     let d = open_dir();
     let db = d.path("app.db");
