@@ -5,8 +5,8 @@
 import type { Lease as NativeLease } from './native';
 
 export interface AcquireOptions {
-  /** Milliseconds to wait: 0 (default) is one attempt, Infinity waits forever. */
-  timeout?: number;
+  /** Milliseconds to wait: 0 (default) is one attempt, Infinity or null waits forever. */
+  timeout?: number | null;
   /** Lease file suffix, default ".backend-lease". */
   suffix?: string;
   /** Your own JSON object, stored in the holder record. */

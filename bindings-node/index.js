@@ -48,6 +48,7 @@ function typeError(name, expected, value) {
 }
 
 function targetArg(target) {
+  if (typeof target === 'string' && target.startsWith('file://')) target = new URL(target);
   if (target instanceof URL) {
     if (target.protocol !== 'file:') throw typeError('target', 'a string or a file: URL', target);
     return require('node:url').fileURLToPath(target);
@@ -56,12 +57,54 @@ function targetArg(target) {
   return target;
 }
 
+const OPTION_NAMES = new Set(['timeout', 'suffix', 'metadata', 'allowUnsupportedFs', 'splitGuard', 'watch', 'signal']);
+
+function invalidArgument(argument, message) {
+  return new SideleaseError(`invalid argument \`${argument}\`: ${message}`, {
+    code: 'SIDELEASE_INVALID_ARGUMENT',
+    argument,
+  });
+}
+
+// Metadata must be JSON as it is, not what JSON.stringify would quietly make
+// of it (a Map becomes {}, NaN null, undefined disappears): the same values
+// are refused in every language, naming where they are.
+function checkJson(value, where, depth) {
+  if (depth > 100) throw invalidArgument('metadata', `nests deeper than 100 levels at ${where}`);
+  if (value === null || typeof value === 'string' || typeof value === 'boolean') return;
+  if (typeof value === 'number') {
+    if (!Number.isFinite(value)) throw invalidArgument('metadata', `${where} is ${value}, which JSON cannot hold`);
+    return;
+  }
+  if (Array.isArray(value)) {
+    value.forEach((v, i) => checkJson(v, `${where}[${i}]`, depth + 1));
+    return;
+  }
+  if (typeof value === 'object') {
+    const proto = Object.getPrototypeOf(value);
+    if (proto !== Object.prototype && proto !== null) {
+      const kind = (value.constructor && value.constructor.name) || 'an object with a prototype';
+      throw invalidArgument('metadata', `${where} is a ${kind}, not a plain object, array or JSON value`);
+    }
+    for (const [k, v] of Object.entries(value)) checkJson(v, `${where}.${k}`, depth + 1);
+    return;
+  }
+  throw invalidArgument('metadata', `${where} is ${typeof value === 'bigint' ? 'a bigint' : typeof value}, which JSON cannot hold`);
+}
+
 function nativeOptions(options) {
   if (options === undefined || options === null) return undefined; // the defaults, set natively
   if (typeof options !== 'object' || Array.isArray(options)) throw typeError('options', 'an object', options);
+  for (const name of Object.keys(options)) {
+    if (!OPTION_NAMES.has(name)) {
+      throw invalidArgument('options', `unknown option \`${name}\` (known: ${[...OPTION_NAMES].join(', ')})`);
+    }
+  }
   const out = {};
   const { timeout, suffix, metadata, allowUnsupportedFs, splitGuard, watch, signal } = options;
-  if (timeout !== undefined) {
+  if (timeout === null) {
+    out.timeout = Infinity; // as None in Python: no limit
+  } else if (timeout !== undefined) {
     if (typeof timeout !== 'number') throw typeError('options.timeout', 'a number', timeout);
     out.timeout = timeout;
   }
@@ -73,16 +116,8 @@ function nativeOptions(options) {
     if (typeof metadata !== 'object' || Array.isArray(metadata)) {
       throw typeError('options.metadata', 'a plain object', metadata);
     }
-    let text;
-    try {
-      text = JSON.stringify(metadata);
-    } catch (err) {
-      throw new SideleaseError(`invalid argument \`metadata\`: is not JSON-serializable (${err.message})`, {
-        code: 'SIDELEASE_INVALID_ARGUMENT',
-        argument: 'metadata',
-      });
-    }
-    out.metadataJson = text;
+    checkJson(metadata, 'metadata', 0);
+    out.metadataJson = JSON.stringify(metadata);
   }
   if (allowUnsupportedFs !== undefined) {
     if (typeof allowUnsupportedFs !== 'boolean') throw typeError('options.allowUnsupportedFs', 'a boolean', allowUnsupportedFs);
@@ -187,7 +222,14 @@ async function acquireAsync(target, options) {
   const onAbort = () => cancel.cancel();
   if (signal) signal.addEventListener('abort', onAbort, { once: true });
   try {
-    return await native.acquireAsync(t, o, cancel);
+    const lease = await native.acquireAsync(t, o, cancel);
+    // The abort came after the native side had the lease but before the
+    // promise settled: the caller asked for nothing to be held.
+    if (signal && signal.aborted) {
+      lease.release();
+      throw abortError(signal);
+    }
+    return lease;
   } catch (err) {
     const e = fromNative(err);
     if (e.code === 'ABORT_ERR' && signal) e.cause = signal.reason;
@@ -211,6 +253,9 @@ function inspect(target, options) {
   let suffix;
   if (options !== undefined && options !== null) {
     if (typeof options !== 'object') throw typeError('options', 'an object', options);
+    for (const name of Object.keys(options)) {
+      if (name !== 'suffix') throw invalidArgument('options', `unknown option \`${name}\` (known: suffix)`);
+    }
     if (options.suffix !== undefined && typeof options.suffix !== 'string') throw typeError('options.suffix', 'a string', options.suffix);
     suffix = options.suffix;
   }

@@ -7,7 +7,7 @@ import { pathToFileURL } from 'node:url';
 import { createRequire } from 'node:module';
 
 import * as sidelease from '../index.mjs';
-import { Holder, tmpdir, isBun } from './helpers.mjs';
+import { Holder, tmpdir, isBun, withTimeout, STEP } from './helpers.mjs';
 
 const require = createRequire(import.meta.url);
 
@@ -51,7 +51,8 @@ describe('acquire', () => {
   test('check sees the file unlinked and replaced', () => {
     const dir = tmpdir();
     const db = path.join(dir, 'app.db');
-    const lease = sidelease.acquire(db);
+    // Without the holder's watch, which would put the file back at once.
+    const lease = sidelease.acquire(db, { watch: false });
     fs.writeFileSync(path.join(dir, 'replacement'), '');
     fs.renameSync(path.join(dir, 'replacement'), lease.leasePath);
     assert.equal(lease.check(), 'replaced');
@@ -160,6 +161,48 @@ describe('errors', () => {
         return true;
       });
     }
+  });
+
+  test('unknown options and metadata JSON cannot hold are refused, naming them', () => {
+    const db = path.join(tmpdir(), 'app.db');
+    const cases = [
+      [{ timout: 5000 }, 'options', /unknown option `timout`/],
+      [{ metadata: { m: new Map([[1, 2]]) } }, 'metadata', /metadata\.m is a Map/],
+      [{ metadata: { a: [1, NaN] } }, 'metadata', /metadata\.a\[1\] is NaN/],
+      [{ metadata: { a: { b: Infinity } } }, 'metadata', /metadata\.a\.b is Infinity/],
+      [{ metadata: { u: undefined } }, 'metadata', /metadata\.u is undefined/],
+      [{ metadata: { d: new Date(0) } }, 'metadata', /metadata\.d is a Date/],
+      [{ metadata: { f() {} } }, 'metadata', /metadata\.f is function/],
+      [{ metadata: { n: 10n } }, 'metadata', /metadata\.n is a bigint/],
+    ];
+    for (const [options, argument, message] of cases) {
+      assert.throws(() => sidelease.acquire(db, options), (e) => {
+        assert.equal(e.code, 'SIDELEASE_INVALID_ARGUMENT', String(message));
+        assert.equal(e.argument, argument);
+        assert.match(e.message, message);
+        return true;
+      });
+    }
+    assert.throws(() => sidelease.inspect(db, { sufix: '.x' }), (e) => e.argument === 'options');
+    assert.equal(sidelease.inspect(db).state, 'free', 'nothing refused was taken');
+  });
+
+  test('timeout null waits like Infinity, and a file: URL string is a URL', async () => {
+    const dir = tmpdir();
+    const db = path.join(dir, 'app.db');
+    const h = await Holder.start(db);
+    try {
+      const waiting = sidelease.acquireAsync(db, { timeout: null });
+      await new Promise((r) => setTimeout(r, 200));
+      await h.release();
+      const lease = await withTimeout(waiting, STEP, 'a null timeout waits');
+      lease.release();
+    } finally {
+      h.close();
+    }
+    const lease = sidelease.acquire(`file://${db}`);
+    assert.equal(lease.target, db);
+    lease.release();
   });
 
   test('wrong types are TypeErrors', () => {

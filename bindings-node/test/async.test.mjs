@@ -74,6 +74,21 @@ describe('acquireAsync', () => {
     }
   });
 
+  test('an abort that lands after the lease was taken still rejects, holding nothing', async () => {
+    for (let i = 0; i < 5; i++) {
+      const db = path.join(tmpdir(), 'app.db');
+      const ac = new AbortController();
+      const pending = sidelease.acquireAsync(db, { signal: ac.signal });
+      // Block the event loop while the native side takes the free lease, so
+      // the result waits to be delivered; then abort before it is.
+      const until = Date.now() + 100;
+      while (Date.now() < until);
+      ac.abort(new Error('timed out'));
+      await assert.rejects(pending, (e) => e.name === 'AbortError' && e.cause.message === 'timed out');
+      assert.equal(sidelease.inspect(db).state, 'free', 'the lease the abort overtook was released');
+    }
+  });
+
   test('eight pending waits leave the event loop and fs free', async () => {
     const dir = tmpdir();
     const db = path.join(dir, 'app.db');
