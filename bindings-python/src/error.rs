@@ -57,15 +57,15 @@ pub fn to_py(py: Python<'_>, e: Error) -> PyErr {
                     message,
                     holder,
                     holders,
-                    c.lease_path.to_string_lossy().into_owned(),
-                    c.target.to_string_lossy().into_owned(),
+                    c.lease_path.as_os_str(),
+                    c.target.as_os_str(),
                 ),
             )
         }
         Error::UnsupportedFilesystem { path, fstype, .. } => build(
             py,
             "UnsupportedFilesystem",
-            (message, fstype.clone(), path.to_string_lossy().into_owned()),
+            (message, fstype.clone(), path.as_os_str()),
         ),
         Error::InvalidArgument { .. } => invalid(py, &message),
         Error::Io {
@@ -75,10 +75,12 @@ pub fn to_py(py: Python<'_>, e: Error) -> PyErr {
         } => build(
             py,
             "_os_error",
+            // Python prints "[Errno N] <strerror>: '<filename>'": the path
+            // once, the system's words, and which call failed.
             (
                 source.raw_os_error().unwrap_or(0),
-                message.clone(),
-                path.to_string_lossy().into_owned(),
+                format!("{} ({syscall})", sidelease::error_text(source)),
+                path.as_os_str(),
                 *syscall,
             ),
         ),
@@ -91,12 +93,7 @@ pub fn to_py(py: Python<'_>, e: Error) -> PyErr {
             build(
                 py,
                 "LeaseLost",
-                (
-                    message,
-                    l.reason.clone(),
-                    holders,
-                    l.lease_path.to_string_lossy().into_owned(),
-                ),
+                (message, l.reason.clone(), holders, l.lease_path.as_os_str()),
             )
         }
     }

@@ -15,7 +15,8 @@ pub fn loads<'py>(py: Python<'py>, text: &str) -> PyResult<Bound<'py, PyAny>> {
     json_module(py)?.call_method1("loads", (text,))
 }
 
-/// Caller metadata: a dict, serialized with `json.dumps`.
+/// Caller metadata: a dict of JSON values, checked and serialized by
+/// `sidelease._metadata.dumps` (which names what is not JSON).
 pub fn metadata_text(py: Python<'_>, metadata: &Bound<'_, PyAny>) -> PyResult<String> {
     if !metadata.is_instance_of::<PyDict>() {
         return Err(pyo3::exceptions::PyTypeError::new_err(format!(
@@ -23,11 +24,11 @@ pub fn metadata_text(py: Python<'_>, metadata: &Bound<'_, PyAny>) -> PyResult<St
             metadata.get_type().name()?
         )));
     }
-    match json_module(py)?.call_method1("dumps", (metadata,)) {
-        Ok(s) => s.extract(),
-        Err(e) => Err(crate::error::invalid(
-            py,
-            &format!("invalid argument `metadata`: is not JSON-serializable ({e})"),
-        )),
-    }
+    static DUMPS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let dumps = DUMPS.get_or_try_init(py, || {
+        py.import("sidelease._metadata")?
+            .getattr("dumps")
+            .map(Bound::unbind)
+    })?;
+    dumps.bind(py).call1((metadata,))?.extract()
 }

@@ -1,6 +1,5 @@
 //! `acquire`, `inspect` and the `Lease` handle.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use pyo3::exceptions::PyResourceWarning;
@@ -8,6 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyType;
 use sidelease::{Options, Pending as CorePending, Wait};
 
+use crate::args::{Seconds, Target};
 use crate::error::{invalid, IntoPyResult};
 use crate::json;
 
@@ -60,12 +60,12 @@ pub fn options(
 /// `/proc/locks` can take milliseconds) and while waiting; Ctrl-C ends a
 /// wait with KeyboardInterrupt.
 #[pyfunction]
-#[pyo3(signature = (target, *, timeout=Some(0.0), suffix=sidelease::DEFAULT_SUFFIX, metadata=None, allow_unsupported_fs=false, split_guard=true, watch=true))]
+#[pyo3(signature = (target, *, timeout=Seconds::ONE_ATTEMPT, suffix=sidelease::DEFAULT_SUFFIX, metadata=None, allow_unsupported_fs=false, split_guard=true, watch=true))]
 #[allow(clippy::too_many_arguments)]
 pub fn acquire(
     py: Python<'_>,
-    target: PathBuf,
-    timeout: Option<f64>,
+    target: Target,
+    timeout: Seconds,
     suffix: &str,
     metadata: Option<&Bound<'_, PyAny>>,
     allow_unsupported_fs: bool,
@@ -74,14 +74,14 @@ pub fn acquire(
 ) -> PyResult<Lease> {
     let opts = options(
         py,
-        timeout,
+        timeout.0,
         suffix,
         metadata,
         allow_unsupported_fs,
         split_guard,
         watch,
     )?;
-    let mut p = CorePending::new(&target, &opts).py(py)?;
+    let mut p = CorePending::new(&target.0, &opts).py(py)?;
     let deadline = p.deadline();
     loop {
         if let Some(lease) = py.detach(|| p.try_acquire()).py(py)? {
@@ -105,9 +105,9 @@ pub fn acquire(
 /// Inspect the lease of `target` without taking or disturbing it.
 #[pyfunction]
 #[pyo3(signature = (target, *, suffix=sidelease::DEFAULT_SUFFIX))]
-pub fn inspect<'py>(py: Python<'py>, target: PathBuf, suffix: &str) -> PyResult<Bound<'py, PyAny>> {
+pub fn inspect<'py>(py: Python<'py>, target: Target, suffix: &str) -> PyResult<Bound<'py, PyAny>> {
     let opts = Options::new().suffix(suffix);
-    let i = py.detach(|| sidelease::inspect(&target, &opts)).py(py)?;
+    let i = py.detach(|| sidelease::inspect(&target.0, &opts)).py(py)?;
     json::loads(py, &i.to_json())
 }
 
@@ -145,13 +145,13 @@ impl Lease {
     }
 
     #[getter]
-    fn lease_path(&self) -> String {
-        self.inner.lease_path().to_string_lossy().into_owned()
+    fn lease_path(&self) -> std::ffi::OsString {
+        self.inner.lease_path().as_os_str().to_owned()
     }
 
     #[getter]
-    fn target(&self) -> String {
-        self.inner.target().to_string_lossy().into_owned()
+    fn target(&self) -> std::ffi::OsString {
+        self.inner.target().as_os_str().to_owned()
     }
 
     #[getter]

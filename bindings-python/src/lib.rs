@@ -1,6 +1,7 @@
 //! `sidelease._native`: the Python surface of the sidelease core. The
 //! public package (`python/sidelease`) re-exports it and adds asyncio.
 
+mod args;
 mod error;
 mod json;
 mod lease;

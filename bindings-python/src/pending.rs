@@ -2,12 +2,12 @@
 //! `sidelease.acquire_async` (no thread per wait: the event loop watches the
 //! inotify descriptor).
 
-use std::path::PathBuf;
 use std::sync::Mutex;
 
 use pyo3::prelude::*;
 use sidelease::Pending as CorePending;
 
+use crate::args::{Seconds, Target};
 use crate::error::IntoPyResult;
 use crate::lease::{options, Lease};
 
@@ -36,12 +36,12 @@ impl Pending {
 #[pymethods]
 impl Pending {
     #[new]
-    #[pyo3(signature = (target, *, timeout=Some(0.0), suffix=sidelease::DEFAULT_SUFFIX, metadata=None, allow_unsupported_fs=false, split_guard=true, watch=true))]
+    #[pyo3(signature = (target, *, timeout=Seconds::ONE_ATTEMPT, suffix=sidelease::DEFAULT_SUFFIX, metadata=None, allow_unsupported_fs=false, split_guard=true, watch=true))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
-        target: PathBuf,
-        timeout: Option<f64>,
+        target: Target,
+        timeout: Seconds,
         suffix: &str,
         metadata: Option<&Bound<'_, PyAny>>,
         allow_unsupported_fs: bool,
@@ -50,14 +50,14 @@ impl Pending {
     ) -> PyResult<Self> {
         let opts = options(
             py,
-            timeout,
+            timeout.0,
             suffix,
             metadata,
             allow_unsupported_fs,
             split_guard,
             watch,
         )?;
-        let p = CorePending::new(&target, &opts).py(py)?;
+        let p = CorePending::new(&target.0, &opts).py(py)?;
         Ok(Pending {
             inner: Mutex::new(Some(p)),
         })

@@ -39,7 +39,7 @@ mod registry;
 pub mod watch;
 
 pub use acquire::Pending;
-pub use error::{Contention, Error, ErrorKind, Lost, Result};
+pub use error::{os_message as error_text, Contention, Error, ErrorKind, Lost, Result};
 pub use guard::Orphan;
 pub use inspect::{inspect, Inspection, RecordStatus, State};
 pub use lease::{Check, Lease, LeaseState};

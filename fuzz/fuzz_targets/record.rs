@@ -29,9 +29,11 @@ fuzz_target!(|data: &[u8]| {
     }
     // Never a panic, and never less than a generation spelled plainly there.
     if let Some(g) = record::salvage_generation(data) {
+        // (JSON digits only: `+1` or `1e3` is no generation anyone wrote.)
         let plain = std::str::from_utf8(data)
             .ok()
             .and_then(|s| s.strip_prefix("\"generation\":"))
+            .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
             .and_then(|s| s.parse::<u64>().ok());
         if let Some(p) = plain {
             assert!(g >= p, "salvaged {g} from bytes saying {p}");

@@ -48,7 +48,7 @@ __all__ = [
 
 
 async def acquire_async(
-    target: Union[str, "os.PathLike[str]"],
+    target: Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"],
     *,
     timeout: Optional[float] = 0,
     suffix: str = ".backend-lease",

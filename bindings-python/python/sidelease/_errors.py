@@ -98,20 +98,35 @@ class LeaseOSError(LeaseError, OSError):
     syscall: str
 
 
-_OS_CLASSES: Dict[Type[OSError], Type[LeaseOSError]] = {}
+def _os_class(base: Type[OSError]) -> Type[LeaseOSError]:
+    cls = type(base.__name__, (LeaseOSError, base), {
+        "__module__": __name__,
+        "__qualname__": f"Lease{base.__name__}",
+        "__doc__": f"A sidelease I/O failure that is a {base.__name__}.",
+    })
+    # Reachable by its qualified name, so pickle (multiprocessing,
+    # ProcessPoolExecutor) can carry it across processes.
+    globals()[f"Lease{base.__name__}"] = cls
+    return cls
 
 
-def _os_error(code: int, message: str, filename: str, syscall: str) -> LeaseOSError:
+# Every OSError subclass Python picks by errno, made once at import.
+_OS_CLASSES: Dict[Type[OSError], Type[LeaseOSError]] = {
+    base: _os_class(base)
+    for base in (
+        BlockingIOError, ChildProcessError, BrokenPipeError, ConnectionAbortedError,
+        ConnectionRefusedError, ConnectionResetError, FileExistsError, FileNotFoundError,
+        InterruptedError, IsADirectoryError, NotADirectoryError, PermissionError,
+        ProcessLookupError, TimeoutError,
+    )
+}
+
+
+def _os_error(code: int, strerror: str, filename: str, syscall: str) -> LeaseOSError:
     """Build the exception for an I/O failure: a LeaseError that is also the
     OSError subclass Python uses for ``code``."""
     base = type(OSError(code, "")) if code else OSError
-    cls = _OS_CLASSES.get(base)
-    if cls is None:
-        cls = LeaseOSError if base is OSError else type(base.__name__, (LeaseOSError, base), {
-            "__module__": __name__,
-            "__doc__": f"A sidelease I/O failure that is a {base.__name__}.",
-        })
-        _OS_CLASSES[base] = cls
-    exc = cls(code or _errno.EIO, message, filename)
+    cls = _OS_CLASSES.get(base, LeaseOSError)
+    exc = cls(code or _errno.EIO, strerror, filename)
     exc.syscall = syscall
     return exc
