@@ -2,7 +2,6 @@
 //! classes live in `sidelease._errors` (so `InvalidArgument` can be both a
 //! `LeaseError` and a `ValueError`); this module raises them.
 
-use pyo3::exceptions::PyKeyboardInterrupt;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyList;
@@ -84,7 +83,9 @@ pub fn to_py(py: Python<'_>, e: Error) -> PyErr {
                 *syscall,
             ),
         ),
-        Error::Cancelled { .. } => PyKeyboardInterrupt::new_err(message),
+        Error::Cancelled { lease_path } => {
+            build(py, "LeaseCancelled", (message, lease_path.as_os_str()))
+        }
         Error::Lost(l) => {
             let holders = match PyList::new(py, &l.holders) {
                 Ok(h) => h,

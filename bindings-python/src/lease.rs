@@ -8,6 +8,7 @@ use pyo3::types::PyType;
 use sidelease::{Options, Pending as CorePending, Wait};
 
 use crate::args::{Seconds, Target};
+use crate::cancel::CancelToken;
 use crate::error::{invalid, IntoPyResult};
 use crate::json;
 
@@ -58,9 +59,10 @@ pub fn options(
 /// Acquire the lease of `target`. `timeout` in seconds: 0 is one attempt,
 /// None waits forever. The GIL is released while trying (a first look at
 /// `/proc/locks` can take milliseconds) and while waiting; Ctrl-C ends a
-/// wait with KeyboardInterrupt.
+/// wait with KeyboardInterrupt, and `cancel` (a CancelToken) from another
+/// thread with LeaseCancelled.
 #[pyfunction]
-#[pyo3(signature = (target, *, timeout=Seconds::ONE_ATTEMPT, suffix=sidelease::DEFAULT_SUFFIX, metadata=None, allow_unsupported_fs=false, split_guard=true, watch=true))]
+#[pyo3(signature = (target, *, timeout=Seconds::ONE_ATTEMPT, suffix=sidelease::DEFAULT_SUFFIX, metadata=None, allow_unsupported_fs=false, split_guard=true, watch=true, cancel=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn acquire(
     py: Python<'_>,
@@ -71,6 +73,7 @@ pub fn acquire(
     allow_unsupported_fs: bool,
     split_guard: bool,
     watch: bool,
+    cancel: Option<PyRef<'_, CancelToken>>,
 ) -> PyResult<Lease> {
     let opts = options(
         py,
@@ -83,7 +86,14 @@ pub fn acquire(
     )?;
     let mut p = CorePending::new(&target.0, &opts).py(py)?;
     let deadline = p.deadline();
+    let token = cancel.map(|c| c.inner.clone());
     loop {
+        if token.as_ref().is_some_and(|t| t.is_cancelled()) {
+            return Err(sidelease::Error::Cancelled {
+                lease_path: p.lease_path().to_path_buf(),
+            })
+            .py(py);
+        }
         if let Some(lease) = py.detach(|| p.try_acquire()).py(py)? {
             return Ok(Lease::new(lease));
         }
@@ -94,7 +104,9 @@ pub fn acquire(
             None => Duration::MAX,
         };
         let sleep = p.next_check().min(remaining).min(SIGNAL_CHECK);
-        let woke = py.detach(|| p.wait_for_change(sleep, None)).py(py)?;
+        let woke = py
+            .detach(|| p.wait_for_change(sleep, token.as_ref()))
+            .py(py)?;
         if woke {
             p.woke();
         }

@@ -2,6 +2,7 @@
 //! public package (`python/sidelease`) re-exports it and adds asyncio.
 
 mod args;
+mod cancel;
 mod error;
 mod json;
 mod lease;
@@ -18,6 +19,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<lease::Lease>()?;
     m.add_class::<pending::Pending>()?;
     m.add_class::<lease::Ready>()?;
+    m.add_class::<cancel::CancelToken>()?;
     m.add_function(wrap_pyfunction!(watch::_watch_pause, m)?)?;
     m.add_function(wrap_pyfunction!(watch::_watch_resume, m)?)?;
     m.add_function(wrap_pyfunction!(watch::_watch_resume_soon, m)?)?;

@@ -133,3 +133,41 @@ def test_async_with_await_types_the_lease(tmp_path: Any) -> None:
     ))
     out, err, status = mypy_api.run(["--strict", "--no-incremental", "--python-version", "3.11", str(src)])
     assert status == 0, out + err
+
+
+def test_a_synchronous_wait_is_cancelled_from_another_thread(db: str, holder: Any) -> None:
+    import threading
+    import time
+
+    token = sidelease.CancelToken()
+    got: dict = {}
+
+    def wait() -> None:
+        try:
+            got["lease"] = sidelease.acquire(db, timeout=None, cancel=token)
+        except sidelease.LeaseCancelled as e:
+            got["error"] = e
+
+    # Not a daemon, like an application's worker: it must be possible to end.
+    worker = threading.Thread(target=wait)
+    worker.start()
+    time.sleep(0.3)
+    assert worker.is_alive(), got
+    start = time.monotonic()
+    token.cancel()
+    worker.join(5)
+    assert not worker.is_alive()
+    assert time.monotonic() - start < 1.0
+    e = got["error"]
+    assert e.lease_path == db + ".backend-lease"
+    assert type(pickle.loads(pickle.dumps(e))) is sidelease.LeaseCancelled
+    assert token.cancelled
+    # Permanent: the same token ends the next wait at once.
+    with pytest.raises(sidelease.LeaseCancelled):
+        sidelease.acquire(db, timeout=None, cancel=token)
+    # It holds nothing: once the holder lets go, the lease is free.
+    holder.release()
+    assert sidelease.inspect(db)["state"] == "free"
+    # An uncancelled token changes nothing.
+    with sidelease.acquire(db, timeout=1, cancel=sidelease.CancelToken()) as lease:
+        assert lease.generation == 2

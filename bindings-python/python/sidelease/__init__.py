@@ -20,6 +20,7 @@ from typing import Any, Dict, Optional, Union
 from . import _native
 from ._errors import (
     InvalidArgument,
+    LeaseCancelled,
     LeaseError,
     LeaseInUse,
     LeaseLost,
@@ -27,13 +28,15 @@ from ._errors import (
     LeaseTimeout,
     UnsupportedFilesystem,
 )
-from ._native import Lease, acquire, inspect
+from ._native import CancelToken, Lease, acquire, inspect
 
 __version__: str = _native.__version__
 
 __all__ = [
+    "CancelToken",
     "InvalidArgument",
     "Lease",
+    "LeaseCancelled",
     "LeaseError",
     "LeaseInUse",
     "LeaseLost",

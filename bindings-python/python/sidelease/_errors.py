@@ -73,6 +73,19 @@ class LeaseLost(LeaseError):
         return (type(self), (str(self), self.reason, self.holders, self.lease_path))
 
 
+class LeaseCancelled(LeaseError):
+    """A wait was ended through its :class:`CancelToken`; nothing is held."""
+
+    lease_path: str
+
+    def __init__(self, message: str, lease_path: str = "") -> None:
+        super().__init__(message)
+        self.lease_path = lease_path
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        return (type(self), (str(self), self.lease_path))
+
+
 class UnsupportedFilesystem(LeaseError):
     """The lease directory is on a filesystem where flock cannot be trusted
     (NFS, SMB, FUSE, ...). Pass ``allow_unsupported_fs=True`` to use it anyway."""

@@ -10,6 +10,7 @@ __all__ = [
     "__version__",
     "acquire",
     "inspect",
+    "CancelToken",
     "Lease",
     "Pending",
     "Ready",
@@ -31,8 +32,16 @@ def acquire(
     allow_unsupported_fs: bool = ...,
     split_guard: bool = ...,
     watch: bool = ...,
+    cancel: Optional[CancelToken] = ...,
 ) -> Lease: ...
 def inspect(target: _Path, *, suffix: str = ...) -> Dict[str, Any]: ...
+
+@final
+class CancelToken:
+    def __new__(cls) -> CancelToken: ...
+    def cancel(self) -> None: ...
+    @property
+    def cancelled(self) -> bool: ...
 
 @final
 class Lease:
