@@ -56,13 +56,15 @@ export interface HolderRecord {
 }
 
 export declare class Lease extends NativeLease {
+  /** Not constructible: a lease comes from acquire() or acquireAsync(). */
+  private constructor();
   /** The record this acquisition wrote. */
   readonly record: HolderRecord;
   /** The record the previous holder left, or null. */
   readonly previous: HolderRecord | null;
   check(): 'held' | 'unlinked' | 'replaced';
   /** 'held', 'lost' (see `signal`) or 'released'. */
-  readonly state: 'held' | 'lost' | 'released';
+  get state(): 'held' | 'lost' | 'released';
   /**
    * Aborted, with a SideleaseError whose code is 'SIDELEASE_LOST', when the
    * lease is lost while held (its file replaced or deleted and another
@@ -105,6 +107,8 @@ export type SideleaseErrorCode =
 
 export declare class SideleaseError extends Error {
   code: SideleaseErrorCode;
+  /** name, message and every data field (JSON.stringify uses it). */
+  toJSON(): Record<string, unknown>;
   /** In use and timeout: the holder record, or null when empty or unreadable. */
   holder?: HolderRecord | null;
   /** In use and timeout: PIDs the kernel reports as holders. */

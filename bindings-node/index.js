@@ -16,6 +16,12 @@ class SideleaseError extends Error {
     this.name = 'SideleaseError';
     Object.assign(this, fields);
   }
+
+  // JSON.stringify would otherwise drop `message` (an own, non-enumerable
+  // property of every Error) and keep only the data fields.
+  toJSON() {
+    return { name: this.name, message: this.message, ...this };
+  }
 }
 
 function fromNative(err) {

@@ -205,6 +205,23 @@ describe('errors', () => {
     lease.release();
   });
 
+  test('an error survives JSON.stringify whole', async () => {
+    const db = path.join(tmpdir(), 'app.db');
+    const h = await Holder.start(db);
+    try {
+      assert.throws(() => sidelease.acquire(db), (e) => {
+        const j = JSON.parse(JSON.stringify(e));
+        assert.equal(j.message, e.message);
+        assert.equal(j.name, 'SideleaseError');
+        assert.equal(j.code, 'SIDELEASE_IN_USE');
+        assert.deepEqual(j.holders, [h.pid]);
+        return true;
+      });
+    } finally {
+      h.close();
+    }
+  });
+
   test('wrong types are TypeErrors', () => {
     const db = path.join(tmpdir(), 'app.db');
     const cases = [

@@ -306,12 +306,22 @@ impl Drop for Lease {
         if self.inner.is_released() {
             return;
         }
+        let inherited = self.inner.is_inherited();
         let _ = self.inner.release();
         Python::attach(|py| {
-            let msg = format!(
-                "sidelease.Lease for {} was garbage-collected without release(); released it now",
-                self.inner.target().display()
-            );
+            let target = self.inner.target().display();
+            let msg = if inherited {
+                format!(
+                    "sidelease.Lease for {target} came from the parent process through fork and \
+                     was garbage-collected in the child; the child never held the lease, so \
+                     nothing was released (the parent's lease is untouched)"
+                )
+            } else {
+                format!(
+                    "sidelease.Lease for {target} was garbage-collected without release(); \
+                     released it now"
+                )
+            };
             let cat = py.get_type::<PyResourceWarning>();
             if let Err(e) = PyErr::warn(
                 py,

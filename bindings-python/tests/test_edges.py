@@ -171,3 +171,31 @@ def test_a_synchronous_wait_is_cancelled_from_another_thread(db: str, holder: An
     # An uncancelled token changes nothing.
     with sidelease.acquire(db, timeout=1, cancel=sidelease.CancelToken()) as lease:
         assert lease.generation == 2
+
+
+def test_a_forked_child_dropping_an_inherited_handle_says_what_happened(db: str) -> None:
+    import warnings
+
+    lease = sidelease.acquire(db)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: collect the handle it inherited, report the warning
+        code = 1
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                del lease
+            os.write(w, "\n".join(str(c.message) for c in caught).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r) as f:
+        said = f.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert "came from the parent process through fork" in said, said
+    assert "nothing was released" in said and "released it now" not in said, said
+    i = sidelease.inspect(db)
+    assert i["state"] == "held" and i["holders"] == [os.getpid()]
+    lease.release()

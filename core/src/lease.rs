@@ -313,6 +313,12 @@ impl Lease {
         self.shared.epoch == registry::epoch()
     }
 
+    /// Whether this handle came from the parent through `fork`: in this
+    /// process it never held anything, and releasing it does nothing.
+    pub fn is_inherited(&self) -> bool {
+        !self.is_current()
+    }
+
     fn live(&self) -> Result<&Shared> {
         if self.is_released() {
             return Err(Error::invalid("lease", "this lease handle was released"));

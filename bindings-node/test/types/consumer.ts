@@ -1,0 +1,32 @@
+// Compiled with `tsc --noEmit --strict` by tests/run: what a TypeScript user
+// writes must type-check, and what must not compile must not.
+import { acquire, acquireAsync, inspect, Lease, SideleaseError } from '../../index';
+
+export async function use(db: string): Promise<number | null> {
+  const lease: Lease = acquire(db, { timeout: 100, metadata: { app: 'api' } });
+  const state: 'held' | 'lost' | 'released' = lease.state;
+  const signal: AbortSignal = lease.signal;
+  lease.release();
+  const again = await acquireAsync(new URL(`file://${db}`), { timeout: null, signal });
+  const info = inspect(db);
+  const free: boolean = info.state === 'free';
+  again.release();
+  try {
+    acquire(db);
+  } catch (e) {
+    if (e instanceof SideleaseError && e.code === 'SIDELEASE_IN_USE') {
+      const holders: number[] | undefined = e.holders;
+      void holders;
+      void JSON.stringify(e.toJSON());
+    }
+  }
+  void state;
+  void free;
+  return again.generation;
+}
+
+// @ts-expect-error a lease comes from acquire(), never from its constructor
+new Lease();
+
+// @ts-expect-error unknown options do not type-check (and are refused at run time)
+acquire('app.db', { timout: 5000 });
