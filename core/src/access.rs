@@ -11,25 +11,33 @@ use crate::error::{Error, Result};
 use crate::path;
 use crate::registry;
 
-/// How a lease file is (re)created: its permission bits (before the umask)
-/// and, when known, the owner and group it should have.
+/// How a lease file is (re)created: its final permission bits, whether the
+/// process umask narrows them, and the owner and group it should have.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Access {
     pub mode: u32,
+    pub umask: bool,
     pub owner: Option<(u32, u32)>,
 }
 
+/// The mode a lease file is created with: owner only, until its owner and
+/// group are right (see [`apply`]); widening it earlier would let the wrong
+/// group open it in between and keep the descriptor.
+pub(crate) const CREATE_MODE: u32 = 0o600;
+
 /// For a new lease file of `target`: read and write for exactly the classes
 /// (owner, group, other) that may write the target, owned like it; `0600`
-/// while the target does not exist.
+/// while the target does not exist. The umask applies.
 pub(crate) fn for_target(target: &Path) -> Access {
     match rustix::fs::stat(target) {
         Ok(st) => Access {
             mode: for_writers(st.st_mode),
+            umask: true,
             owner: Some((st.st_uid, st.st_gid)),
         },
         Err(_) => Access {
             mode: 0o600,
+            umask: true,
             owner: None,
         },
     }
@@ -44,34 +52,55 @@ pub(crate) fn for_writers(mode: u32) -> u32 {
         .fold(0o600, |acc, (_, rw)| acc | rw)
 }
 
-/// Of an existing lease file, so a copy put back is opened to the same
-/// people.
+/// Of an existing lease file, so a copy put back is made exactly like it.
 pub(crate) fn of_file(mode: u32, uid: u32, gid: u32) -> Access {
     Access {
         mode: mode & 0o777,
+        umask: false,
         owner: Some((uid, gid)),
     }
 }
 
-/// Give a lease file this process has just created the owner (as root) and
-/// the group `access` names. Where the group cannot be given (this user is
-/// not a member), the group permissions are taken away rather than granted
-/// to this process's own group.
+/// This process's umask, from `/proc/self/status` (reading it with
+/// `umask(2)` means setting it, which races with other threads). Owner-only
+/// when it cannot be read.
+fn umask() -> u32 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Umask:"))
+                .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+        })
+        .unwrap_or(0o077)
+}
+
+/// Make a lease file this process has just created (with [`CREATE_MODE`])
+/// what `access` says: first its owner (as root) and group, then its mode.
+/// Where the group cannot be given (this user is not a member of it), the
+/// file's group gets what others get, since its members are others to the
+/// database.
 pub(crate) fn apply(fd: BorrowedFd<'_>, access: &Access) {
-    let Some((uid, gid)) = access.owner else {
-        return;
-    };
     let Ok(st) = rustix::fs::fstat(fd) else {
         return;
     };
-    let owner =
-        (rustix::process::geteuid().is_root() && st.st_uid != uid).then(|| Uid::from_raw(uid));
-    let group = (st.st_gid != gid).then(|| Gid::from_raw(gid));
-    if owner.is_none() && group.is_none() {
-        return;
+    let mut mode = access.mode;
+    if access.umask {
+        mode &= !umask();
     }
-    if rustix::fs::fchown(fd, owner, group).is_err() && group.is_some() && st.st_mode & 0o070 != 0 {
-        let _ = rustix::fs::fchmod(fd, Mode::from_raw_mode(st.st_mode & 0o707));
+    if let Some((uid, gid)) = access.owner {
+        let owner =
+            (rustix::process::geteuid().is_root() && st.st_uid != uid).then(|| Uid::from_raw(uid));
+        let group = (st.st_gid != gid).then(|| Gid::from_raw(gid));
+        if (owner.is_some() || group.is_some())
+            && rustix::fs::fchown(fd, owner, group).is_err()
+            && group.is_some()
+        {
+            mode = (mode & 0o707) | ((mode & 0o007) << 3);
+        }
+    }
+    if mode != st.st_mode & 0o777 {
+        let _ = rustix::fs::fchmod(fd, Mode::from_raw_mode(mode));
     }
 }
 
@@ -81,39 +110,65 @@ pub(crate) fn apply(fd: BorrowedFd<'_>, access: &Access) {
 /// `fs.protected_regular`, which refuses `O_CREAT` over such a file; the
 /// lease file is opened without `O_CREAT` first, so it is checked here. The
 /// owner may be this user, root, the directory's owner or the database's
-/// owner. `file` is (device, inode, owner); a file passes once per process.
-pub(crate) fn not_planted(lease_path: &Path, target: &Path, file: (u64, u64, u32)) -> Result<()> {
+/// owner. There, a second name for the file is refused too (a hard link
+/// made to a file someone may open is a planted lease file by another
+/// name). `file` is (device, inode, owner, links); the directory is looked
+/// at once per file and process.
+pub(crate) fn not_planted(
+    lease_path: &Path,
+    target: &Path,
+    (dev, ino, uid, nlink): (u64, u64, u32, u64),
+) -> Result<()> {
     let reg = registry::get();
-    if reg.lock().vetted(file) {
-        return Ok(());
-    }
-    let uid = file.2;
-    let dir = path::parent_of(lease_path);
-    if let Ok(d) = rustix::fs::stat(dir) {
-        let shared_sticky = d.st_mode & 0o1000 != 0 && d.st_mode & 0o022 != 0;
-        if shared_sticky
-            && uid != 0
-            && uid != d.st_uid
-            && uid != rustix::process::geteuid().as_raw()
-            && rustix::fs::stat(target).map_or(true, |t| t.st_uid != uid)
-        {
-            return Err(Error::io(
-                "open",
-                lease_path,
-                std::io::Error::new(
-                    std::io::ErrorKind::PermissionDenied,
+    let cached = reg.lock().vetted((dev, ino, uid));
+    let shared_sticky = match cached {
+        Some(s) => s,
+        None => {
+            let dir = path::parent_of(lease_path);
+            let Ok(d) = rustix::fs::stat(dir) else {
+                return Ok(());
+            };
+            let shared_sticky = d.st_mode & 0o1000 != 0 && d.st_mode & 0o022 != 0;
+            if shared_sticky
+                && uid != 0
+                && uid != d.st_uid
+                && uid != rustix::process::geteuid().as_raw()
+                && rustix::fs::stat(target).map_or(true, |t| t.st_uid != uid)
+            {
+                return Err(refused(
+                    lease_path,
                     format!(
-                        "the lease file belongs to uid {uid}, who owns neither the directory nor \
-                         the database, in a sticky directory others may write: it may have been \
-                         planted to control the lease, so it is refused (remove it as its owner \
-                         or root, or keep the lease in a directory others cannot write)"
+                        "the lease file belongs to uid {uid}, who owns neither the directory \
+                         nor the database"
                     ),
-                ),
-            ));
+                ));
+            }
+            reg.lock().vet((dev, ino, uid), shared_sticky);
+            shared_sticky
         }
+    };
+    if shared_sticky && nlink > 1 {
+        return Err(refused(
+            lease_path,
+            format!("the lease file has {nlink} names (hard links)"),
+        ));
     }
-    reg.lock().vet(file);
     Ok(())
+}
+
+fn refused(lease_path: &Path, why: String) -> Error {
+    Error::io(
+        "open",
+        lease_path,
+        std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "{why}, in a sticky directory others may write: it may have been planted to \
+                 control the lease, so it is refused (remove it as its owner or root, or keep \
+                 the lease in a directory others cannot write)"
+            ),
+        ),
+    )
 }
 
 #[cfg(test)]
@@ -137,6 +192,7 @@ mod tests {
             for_target(&d.path().join("nope")),
             Access {
                 mode: 0o600,
+                umask: true,
                 owner: None
             }
         );

@@ -287,8 +287,10 @@ impl Pending {
             } else if vouched {
                 true
             } else {
+                let target = path::target_of(&of.canon, &self.opts.suffix);
                 let me = guard::Me {
                     lease_path: &of.canon,
+                    target: &target,
                     name: &self.spelled.name,
                     dir,
                     file_dev: Some(key.0),
@@ -373,7 +375,10 @@ impl Pending {
 
     fn open_file(&self) -> Result<Opened> {
         let path = &self.spelled.lease;
-        let base = OFlags::CLOEXEC | OFlags::NOFOLLOW | OFlags::NOCTTY;
+        // NONBLOCK: a FIFO planted at the path, or a file lease (F_SETLEASE) on
+        // the file, must not block the open (it changes nothing for a regular
+        // file's reads, writes or flock).
+        let base = OFlags::CLOEXEC | OFlags::NOFOLLOW | OFlags::NOCTTY | OFlags::NONBLOCK;
         let open = |flags: OFlags, mode: u32| {
             registry::open_listed(|| Ok(rustix::fs::open(path, flags, Mode::from_raw_mode(mode))?))
         };
@@ -452,6 +457,7 @@ impl Pending {
             size: 0,
             access: Access {
                 mode: 0o600,
+                umask: true,
                 owner: None,
             },
             age: None,
@@ -476,7 +482,7 @@ impl Pending {
         access::not_planted(
             &canon,
             &path::target_of(&canon, &self.opts.suffix),
-            (st.st_dev, st.st_ino, st.st_uid),
+            (st.st_dev, st.st_ino, st.st_uid, st.st_nlink),
         )?;
         of.key = (st.st_dev, st.st_ino);
         of.canon = canon;

@@ -146,7 +146,7 @@ fn reanchor(shared: &Arc<Shared>, replaced: bool) -> Outcome {
             drop(st);
             return failing(shared, "the file kept being replaced");
         }
-        let (fd, slot, writable) = match open_for_anchor(path, &shared.access) {
+        let (fd, slot, writable) = match open_for_anchor(path, &shared.target, &shared.access) {
             Ok(r) => r,
             Err(e) => {
                 drop(st);
@@ -257,14 +257,21 @@ fn push_anchor(st: &mut State, anchor: Anchor) {
     }
 }
 
-fn open_for_anchor(path: &Path, access: &Access) -> std::io::Result<(i32, u32, bool)> {
-    let base = OFlags::CLOEXEC | OFlags::NOFOLLOW | OFlags::NOCTTY;
+fn open_for_anchor(
+    path: &Path,
+    target: &Path,
+    access: &Access,
+) -> std::io::Result<(i32, u32, bool)> {
+    // NONBLOCK: a FIFO planted at the path, or a file lease (F_SETLEASE) on
+    // the file, must not block the open (it changes nothing for a regular
+    // file's reads, writes or flock).
+    let base = OFlags::CLOEXEC | OFlags::NOFOLLOW | OFlags::NOCTTY | OFlags::NONBLOCK;
     let open = |flags: OFlags| {
         registry::open_listed(|| {
             Ok(rustix::fs::open(
                 path,
                 flags,
-                Mode::from_raw_mode(access.mode),
+                Mode::from_raw_mode(access::CREATE_MODE),
             )?)
         })
     };
@@ -284,18 +291,34 @@ fn open_for_anchor(path: &Path, access: &Access) -> std::io::Result<(i32, u32, b
         Err(e) if e.raw_os_error() == Some(libc::EEXIST) => open(base | OFlags::RDWR),
         Err(e) => Err(e),
     };
-    match r {
-        Ok(r) => flatten(Ok(r)).map(|(fd, slot)| (fd, slot, true)),
+    let (fd, slot, writable) = match r {
+        Ok(r) => flatten(Ok(r)).map(|(fd, slot)| (fd, slot, true))?,
         Err(e)
             if matches!(
                 e.raw_os_error(),
                 Some(libc::EACCES) | Some(libc::EROFS) | Some(libc::EPERM)
             ) =>
         {
-            flatten(open(base | OFlags::RDONLY)).map(|(fd, slot)| (fd, slot, false))
+            flatten(open(base | OFlags::RDONLY)).map(|(fd, slot)| (fd, slot, false))?
         }
-        Err(e) => Err(e),
+        Err(e) => return Err(e),
+    };
+    // Someone else made this file in the moment the path was free: the same
+    // rule as for an acquirer (in a shared sticky directory, a stranger's
+    // file is not adopted).
+    // SAFETY: just opened; closed below or returned to the caller.
+    let bfd = unsafe { BorrowedFd::borrow_raw(fd) };
+    let planted = rustix::fs::fstat(bfd)
+        .map_err(std::io::Error::from)
+        .and_then(|st| {
+            access::not_planted(path, target, (st.st_dev, st.st_ino, st.st_uid, st.st_nlink))
+                .map_err(|e| std::io::Error::other(e.to_string()))
+        });
+    if let Err(e) = planted {
+        registry::close_listed(fd, slot);
+        return Err(e);
     }
+    Ok((fd, slot, writable))
 }
 
 /// Another process locked the file now at the path: who, and what happened.

@@ -38,6 +38,9 @@ pub struct Orphan {
 /// The lease being checked.
 pub(crate) struct Me<'a> {
     pub lease_path: &'a Path,
+    /// The database: only a process that may write it (or, while it does
+    /// not exist, its directory) can have held this lease.
+    pub target: &'a Path,
     pub name: &'a OsStr,
     /// Its directory as (device, inode).
     pub dir: (u64, u64),
@@ -135,7 +138,6 @@ pub(crate) fn scan(
                             }
                         }
                         Judged::NotOurs => {}
-                        Judged::Unreadable => out.unattributed += 1,
                         // The PID the kernel lists took the lock but no
                         // longer has it open (or is another process now):
                         // whoever kept its descriptor holds it.
@@ -179,7 +181,6 @@ pub(crate) fn scan(
 enum Judged {
     Orphan(Box<Orphan>),
     NotOurs,
-    Unreadable,
     NotHeldHere,
 }
 
@@ -200,8 +201,13 @@ fn judge(me: &Me<'_>, pid: u32, key: KernelKey, fds: &[(u32, u64)]) -> Judged {
             Content::Record(r) if me.owns(&r) => r,
             _ => return Judged::NotOurs,
         },
-        Err(_) => return Judged::Unreadable,
+        // Closed since it was listed (or another process now): look again
+        // the slow way, which counts it only if the kernel still lists it.
+        Err(_) => return Judged::NotHeldHere,
     };
+    if !may_own(me, pid) {
+        return Judged::NotOurs;
+    }
     match fds.iter().find(|(fd, _)| process::fd_holds(pid, *fd, key)) {
         Some(&(fd, _)) => Judged::Orphan(Box::new(Orphan {
             pid,
@@ -210,6 +216,23 @@ fn judge(me: &Me<'_>, pid: u32, key: KernelKey, fds: &[(u32, u64)]) -> Judged {
             record: Some(*record),
         })),
         None => Judged::NotHeldHere,
+    }
+}
+
+/// Whether the process `pid` may write the database (or, while it does not
+/// exist, its directory). A record can be copied into any file by anyone:
+/// a stranger holding such a file is not a holder of a former lease file,
+/// and must not be able to block the lease by faking one. When it cannot be
+/// told, the holder counts (refusing is the safe side).
+fn may_own(me: &Me<'_>, pid: u32) -> bool {
+    let Some(who) = process::credentials(pid) else {
+        return true;
+    };
+    let st = rustix::fs::stat(me.target)
+        .or_else(|_| rustix::fs::stat(crate::path::parent_of(me.target)));
+    match st {
+        Ok(st) => who.may_write(st.st_mode, st.st_uid, st.st_gid),
+        Err(_) => true,
     }
 }
 
@@ -234,7 +257,7 @@ fn examine(out: &mut Scan, me: &Me<'_>, pid: u32, fd: u32, key: KernelKey) {
     match process::read_through_fd(pid, fd, record::RECORD_MAX_BYTES) {
         Ok(bytes) => {
             if let Content::Record(r) = Content::parse(&bytes) {
-                if me.owns(&r) {
+                if me.owns(&r) && may_own(me, pid) {
                     out.orphans.push(Orphan {
                         pid,
                         inode: key.ino,

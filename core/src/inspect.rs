@@ -158,12 +158,14 @@ pub fn inspect(target: impl AsRef<Path>, options: &Options) -> Result<Inspection
     if let Some((_, ino)) = found.key {
         out.holders = holders::kernel_holders(KernelKey { major, minor, ino }, &all);
     }
+    let target = out.target.clone();
     let scan = guard::scan(
         major,
         minor,
         found.key.map(|k| k.1),
         &guard::Me {
             lease_path: lp,
+            target: &target,
             name: &spelled.name,
             dir: (dir.st_dev, dir.st_ino),
             file_dev: found.key.map(|k| k.0),
@@ -180,12 +182,22 @@ pub fn inspect(target: impl AsRef<Path>, options: &Options) -> Result<Inspection
         State::Held
     } else if !me.sees_everything() && unreleased_elsewhere {
         State::Unknown
+    } else if out.unattributed > 0 && !vouched_free(&found.content) {
+        // A lock this reader cannot attribute may be a former lease file
+        // still held, and nothing at the path says otherwise.
+        State::Unknown
     } else {
         State::Free
     };
     let orphan_pids: Vec<u32> = out.orphans.iter().map(|o| o.pid).collect();
     out.record_status = judge(&found.content, Some(&out.holders), &orphan_pids);
     Ok(out)
+}
+
+/// A record released cleanly by a holder that had checked for former
+/// lease files: nothing was left behind when it let go.
+fn vouched_free(content: &Content) -> bool {
+    matches!(content, Content::Record(r) if r.released_at.is_some() && r.split_checked == Some(true))
 }
 
 /// The lease file's content and identity. Opened read-only and

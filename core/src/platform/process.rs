@@ -177,6 +177,51 @@ pub enum FdScan<T> {
     Gone,
 }
 
+/// Who a process acts as for file permissions: its filesystem uid and gid
+/// and its supplementary groups (from `/proc/PID/status`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Credentials {
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+}
+
+pub fn credentials(pid: u32) -> Option<Credentials> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    parse_credentials(&status)
+}
+
+pub fn parse_credentials(status: &str) -> Option<Credentials> {
+    // "Uid:\treal\teffective\tsaved\tfilesystem"; access checks use the last.
+    let ids = |key: &str| -> Option<Vec<u32>> {
+        let line = status.lines().find_map(|l| l.strip_prefix(key))?;
+        line.split_whitespace().map(|v| v.parse().ok()).collect()
+    };
+    Some(Credentials {
+        uid: *ids("Uid:")?.get(3)?,
+        gid: *ids("Gid:")?.get(3)?,
+        groups: ids("Groups:").unwrap_or_default(),
+    })
+}
+
+impl Credentials {
+    /// Would the kernel let this process write a file with this mode,
+    /// owner and group? (Root may; ACLs and capabilities other than root's
+    /// are not considered.)
+    pub fn may_write(&self, mode: u32, uid: u32, gid: u32) -> bool {
+        if self.uid == 0 {
+            return true;
+        }
+        if self.uid == uid {
+            return mode & 0o200 != 0;
+        }
+        if self.gid == gid || self.groups.contains(&gid) {
+            return mode & 0o020 != 0;
+        }
+        mode & 0o002 != 0
+    }
+}
+
 /// The descriptor numbers of `pid`.
 pub fn fds_of(pid: u32) -> FdScan<Vec<u32>> {
     let dir = format!("/proc/{pid}/fd");
@@ -394,6 +439,20 @@ pub fn all_pids() -> io::Result<Vec<u32>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn credentials_come_from_the_filesystem_ids() {
+        let status =
+            "Name:\tx\nUid:\t1000\t1001\t1002\t1003\nGid:\t50\t51\t52\t53\nGroups:\t7 8 \n";
+        let c = parse_credentials(status).unwrap();
+        assert_eq!((c.uid, c.gid, c.groups.clone()), (1003, 53, vec![7, 8]));
+        assert!(c.may_write(0o600, 1003, 0));
+        assert!(!c.may_write(0o400, 1003, 0) && !c.may_write(0o646, 1003, 0));
+        assert!(c.may_write(0o660, 0, 8) && !c.may_write(0o640, 0, 8));
+        assert!(c.may_write(0o662, 0, 9) && !c.may_write(0o660, 0, 9));
+        let me = credentials(pid()).unwrap();
+        assert_eq!(me.uid, rustix::process::geteuid().as_raw());
+    }
 
     #[test]
     fn start_time_is_field_22_even_with_odd_names() {

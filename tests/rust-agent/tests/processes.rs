@@ -585,15 +585,55 @@ fn metadata_lands_in_the_record() {
 /// agent binary is copied to a directory `nobody` can reach: the checkout
 /// may live where other users cannot (under /root, or in a `mktemp -d`).
 fn nobody_agent() -> Option<Agent> {
+    agent_as(65534)
+}
+
+/// An agent running as `uid` (with the group of the same number), when
+/// this test runs as root.
+fn agent_as(uid: u32) -> Option<Agent> {
     // SAFETY: geteuid(2) cannot fail and touches no memory.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: permission cases need root to start an agent as nobody");
+        eprintln!("skipped: permission cases need root to start an agent as another user");
         return None;
     }
     let mut cmd = std::process::Command::new(common::reachable_agent());
-    std::os::unix::process::CommandExt::uid(&mut cmd, 65534);
-    std::os::unix::process::CommandExt::gid(&mut cmd, 65534);
+    std::os::unix::process::CommandExt::uid(&mut cmd, uid);
+    std::os::unix::process::CommandExt::gid(&mut cmd, uid);
     Some(Agent::spawn_cmd(cmd))
+}
+
+/// A lock `nobody` holds on `file` from a process of its own (one process,
+/// ended by its PID on drop).
+struct StrangersLock(std::process::Child);
+
+impl StrangersLock {
+    fn take(file: &str) -> StrangersLock {
+        use std::io::BufRead;
+        let code = "import fcntl,os,sys,time\n\
+                    fd=os.open(sys.argv[1],os.O_RDONLY)\n\
+                    fcntl.flock(fd,fcntl.LOCK_EX|fcntl.LOCK_NB)\n\
+                    print('held',flush=True)\n\
+                    time.sleep(600)\n";
+        let mut cmd = std::process::Command::new("python3");
+        cmd.args(["-c", code, file])
+            .stdout(std::process::Stdio::piped());
+        std::os::unix::process::CommandExt::uid(&mut cmd, 65534);
+        std::os::unix::process::CommandExt::gid(&mut cmd, 65534);
+        // Dropped (killed and waited for) on every path, panics included.
+        let mut lock = StrangersLock(cmd.spawn().unwrap());
+        let mut line = String::new();
+        let out = lock.0.stdout.take().unwrap();
+        std::io::BufReader::new(out).read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "held", "nobody could not lock {file}");
+        lock
+    }
+}
+
+impl Drop for StrangersLock {
+    fn drop(&mut self) {
+        kill_pid(i64::from(self.0.id()));
+        let _ = self.0.wait();
+    }
 }
 
 fn open_dir() -> Dir {
@@ -793,6 +833,116 @@ fn a_lease_file_planted_in_a_sticky_shared_directory_is_refused() {
     std::os::unix::fs::chown(&db, Some(65534), Some(65534)).unwrap();
     let mut again = Agent::spawn();
     again.acquire_ok(&db);
+}
+
+#[test]
+fn a_strangers_file_with_a_copied_record_does_not_block_the_lease() {
+    let d = open_dir();
+    let db = d.path("app.db");
+    std::fs::write(&db, b"").unwrap();
+    set_mode(&db, 0o644);
+    let lp = format!("{db}.backend-lease");
+    // A file of nobody's own on the same filesystem, claiming to be a
+    // former lease file of this lease, held by nobody.
+    let fake = d.path("fake");
+    let record = json!({"schema": 1, "lease_path": lp, "file_name": "app.db.backend-lease"});
+    std::fs::write(&fake, record.to_string()).unwrap();
+    std::os::unix::fs::chown(&fake, Some(65534), Some(65534)).unwrap();
+    if nobody_agent().is_none() {
+        return;
+    }
+    let _held = StrangersLock::take(&fake);
+    // The first acquisition of a new lease file runs the split guard.
+    let mut root = Agent::spawn();
+    let got = root.acquire_ok(&db);
+    assert_eq!(got["generation"], 1, "{got}");
+    let i = root.inspect(&db);
+    assert_eq!(i["state"], "held", "{i}");
+    assert_eq!(i["orphans"], json!([]), "{i}");
+}
+
+#[test]
+fn a_second_name_for_a_lease_file_in_a_sticky_shared_directory_is_refused() {
+    let d = open_dir();
+    set_mode(d.dir.path().to_str().unwrap(), 0o1777);
+    let public = d.path("pub.db");
+    std::fs::write(&public, b"").unwrap();
+    set_mode(&public, 0o666);
+    // A lease file anyone may open (the database is anyone's to write).
+    let mut cmd = std::process::Command::new(common::reachable_agent());
+    // SAFETY: umask is async-signal-safe.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            libc::umask(0);
+            Ok(())
+        });
+    }
+    let mut root = Agent::spawn_cmd(cmd);
+    let h = root.acquire_ok(&public);
+    root.call(json!({"cmd": "release", "handle": h["handle"]}));
+    let private = d.path("priv.db");
+    std::fs::write(&private, b"").unwrap();
+    set_mode(&private, 0o600);
+    // A stranger gives it the private database's lease file name (as the
+    // kernel's protected_hardlinks lets it: it may read and write the file).
+    std::fs::hard_link(
+        format!("{public}.backend-lease"),
+        format!("{private}.backend-lease"),
+    )
+    .unwrap();
+    let e = root.acquire_err(acquire(&private), "io");
+    assert!(e["message"].as_str().unwrap().contains("hard links"), "{e}");
+    // The public one is refused too while it has two names.
+    root.acquire_err(acquire(&public), "io");
+}
+
+#[test]
+fn a_fifo_at_the_lease_path_never_hangs_an_acquirer() {
+    let d = open_dir();
+    set_mode(d.dir.path().to_str().unwrap(), 0o1777);
+    let db = d.path("f.db");
+    let lp = format!("{db}.backend-lease");
+    let c = std::ffi::CString::new(lp.clone()).unwrap();
+    // SAFETY: mkfifo(3) with a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o444) }, 0);
+    std::os::unix::fs::chown(&lp, Some(65534), Some(65534)).unwrap();
+    set_mode(&lp, 0o444);
+    let Some(mut other) = agent_as(2001) else {
+        return;
+    };
+    let started = Instant::now();
+    let e = other.acquire_err(
+        json!({"cmd": "acquire", "target": db, "timeout": 1.0}),
+        "io",
+    );
+    assert!(started.elapsed() < Duration::from_secs(5), "{e}");
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("f.db.backend-lease"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_reader_that_cannot_attribute_a_lock_says_unknown_not_free() {
+    let d = open_dir();
+    let db = d.path("app.db");
+    let mut root = Agent::spawn();
+    root.acquire_ok_with(json!({"cmd": "acquire", "target": db, "watch": false}));
+    let lp = format!("{db}.backend-lease");
+    std::fs::remove_file(&lp).unwrap();
+    std::fs::write(&lp, b"").unwrap();
+    set_mode(&lp, 0o644);
+    assert_eq!(Agent::spawn().inspect(&db)["state"], "split");
+    let Some(mut reader) = nobody_agent() else {
+        return;
+    };
+    let i = reader.inspect(&db);
+    assert_eq!(i["state"], "unknown", "{i}");
+    // At least root's former file (other tests' locks may count too).
+    assert!(i["unattributed"].as_u64().unwrap() >= 1, "{i}");
 }
 
 #[test]
