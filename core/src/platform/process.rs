@@ -447,7 +447,7 @@ mod tests {
         let c = parse_credentials(status).unwrap();
         assert_eq!((c.uid, c.gid, c.groups.clone()), (1003, 53, vec![7, 8]));
         assert!(c.may_write(0o600, 1003, 0));
-        assert!(!c.may_write(0o400, 1003, 0) && !c.may_write(0o646, 1003, 0));
+        assert!(!c.may_write(0o400, 1003, 0) && !c.may_write(0o466, 1003, 0));
         assert!(c.may_write(0o660, 0, 8) && !c.may_write(0o640, 0, 8));
         assert!(c.may_write(0o662, 0, 9) && !c.may_write(0o660, 0, 9));
         let me = credentials(pid()).unwrap();

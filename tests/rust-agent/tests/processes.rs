@@ -698,6 +698,30 @@ fn access_of(path: &str) -> (u32, u32, u32) {
     (m.mode() & 0o777, m.uid(), m.gid())
 }
 
+/// A database file `name` in `d` with this owner, group and mode; returns
+/// its path and its lease file's path.
+fn database(d: &Dir, name: &str, owner: (u32, u32), mode: u32) -> (String, String) {
+    let db = d.path(name);
+    std::fs::write(&db, b"").unwrap();
+    std::os::unix::fs::chown(&db, Some(owner.0), Some(owner.1)).unwrap();
+    set_mode(&db, mode);
+    let lp = format!("{db}.backend-lease");
+    (db, lp)
+}
+
+/// A root agent running with this umask.
+fn agent_with_umask(mask: libc::mode_t) -> Agent {
+    let mut cmd = std::process::Command::new(common::reachable_agent());
+    // SAFETY: umask is async-signal-safe.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+            libc::umask(mask);
+            Ok(())
+        });
+    }
+    Agent::spawn_cmd(cmd)
+}
+
 fn umasked(mode: u32) -> u32 {
     // SAFETY: umask is read and restored at once; no file is created in
     // between by this thread.
@@ -748,21 +772,9 @@ fn a_stranger_cannot_block_the_lease_of_a_database_only_its_owner_writes() {
 #[test]
 fn a_group_writable_database_gets_a_lease_its_group_shares() {
     let d = open_dir();
-    let db = d.path("app.db");
-    std::fs::write(&db, b"").unwrap();
-    std::os::unix::fs::chown(&db, Some(0), Some(65534)).unwrap();
-    set_mode(&db, 0o664);
-    let lp = format!("{db}.backend-lease");
+    let (db, lp) = database(&d, "app.db", (0, 65534), 0o664);
     // A group that shares files runs with umask 002.
-    let mut cmd = std::process::Command::new(common::reachable_agent());
-    // SAFETY: umask is async-signal-safe.
-    unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
-            libc::umask(0o002);
-            Ok(())
-        });
-    }
-    let mut root = Agent::spawn_cmd(cmd);
+    let mut root = agent_with_umask(0o002);
     let h = root.acquire_ok(&db);
     assert_eq!(access_of(&lp), (0o660, 0, 65534));
     let Some(mut member) = nobody_agent() else {
@@ -780,11 +792,7 @@ fn a_group_writable_database_gets_a_lease_its_group_shares() {
 #[test]
 fn a_lease_root_creates_for_another_users_database_belongs_to_that_user() {
     let d = open_dir();
-    let db = d.path("app.db");
-    std::fs::write(&db, b"").unwrap();
-    std::os::unix::fs::chown(&db, Some(65534), Some(65534)).unwrap();
-    set_mode(&db, 0o644);
-    let lp = format!("{db}.backend-lease");
+    let (db, lp) = database(&d, "app.db", (65534, 65534), 0o644);
     let mut root = Agent::spawn();
     let h = root.acquire_ok(&db);
     assert_eq!(access_of(&lp), (umasked(0o600), 65534, 65534));
@@ -865,19 +873,9 @@ fn a_strangers_file_with_a_copied_record_does_not_block_the_lease() {
 fn a_second_name_for_a_lease_file_in_a_sticky_shared_directory_is_refused() {
     let d = open_dir();
     set_mode(d.dir.path().to_str().unwrap(), 0o1777);
-    let public = d.path("pub.db");
-    std::fs::write(&public, b"").unwrap();
-    set_mode(&public, 0o666);
+    let (public, _) = database(&d, "pub.db", (0, 0), 0o666);
     // A lease file anyone may open (the database is anyone's to write).
-    let mut cmd = std::process::Command::new(common::reachable_agent());
-    // SAFETY: umask is async-signal-safe.
-    unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
-            libc::umask(0);
-            Ok(())
-        });
-    }
-    let mut root = Agent::spawn_cmd(cmd);
+    let mut root = agent_with_umask(0);
     let h = root.acquire_ok(&public);
     root.call(json!({"cmd": "release", "handle": h["handle"]}));
     let private = d.path("priv.db");
