@@ -2,14 +2,15 @@
 //! read-only one will do, so whoever can open the lease file can take the
 //! lease: a new one is opened to exactly those who may write the database.
 
+use std::collections::HashMap;
 use std::os::fd::BorrowedFd;
 use std::path::Path;
+use std::sync::Mutex;
 
 use rustix::fs::{Gid, Mode, Uid};
 
 use crate::error::{Error, Result};
 use crate::path;
-use crate::registry;
 
 /// How a lease file is (re)created: its final permission bits, whether the
 /// process umask narrows them, and the owner and group it should have.
@@ -119,8 +120,7 @@ pub(crate) fn not_planted(
     target: &Path,
     (dev, ino, uid, nlink): (u64, u64, u32, u64),
 ) -> Result<()> {
-    let reg = registry::get();
-    let cached = reg.lock().vetted((dev, ino, uid));
+    let cached = vetted((dev, ino, uid));
     let shared_sticky = match cached {
         Some(s) => s,
         None => {
@@ -143,7 +143,7 @@ pub(crate) fn not_planted(
                     ),
                 ));
             }
-            reg.lock().vet((dev, ino, uid), shared_sticky);
+            vet((dev, ino, uid), shared_sticky);
             shared_sticky
         }
     };
@@ -154,6 +154,26 @@ pub(crate) fn not_planted(
         ));
     }
     Ok(())
+}
+
+/// Lease files (device, inode, owner) found not planted, and whether their
+/// directory is sticky and shared. Its own lock, only ever tried: the
+/// holder's watch checks a file it puts back while holding the lease's
+/// state, so waiting here could deadlock against a release (and after a
+/// fork the lock may belong to a thread that is gone). Not getting the lock
+/// only means looking at the directory again.
+static VETTED: Mutex<Option<HashMap<(u64, u64, u32), bool>>> = Mutex::new(None);
+
+fn vetted(file: (u64, u64, u32)) -> Option<bool> {
+    let g = VETTED.try_lock().ok()?;
+    g.as_ref()?.get(&file).copied()
+}
+
+fn vet(file: (u64, u64, u32), shared_sticky: bool) {
+    if let Ok(mut g) = VETTED.try_lock() {
+        g.get_or_insert_with(HashMap::new)
+            .insert(file, shared_sticky);
+    }
 }
 
 fn refused(lease_path: &Path, why: String) -> Error {

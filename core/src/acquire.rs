@@ -34,8 +34,10 @@ use crate::registry::{self, Flight, Key};
 use crate::watch;
 
 /// Times the lease file may turn out replaced between open and lock before
-/// acquisition gives up.
-const MAX_REPLACED_ROUNDS: u32 = 8;
+/// acquisition gives up. On a loaded machine a process that replaces the
+/// file every few milliseconds wins a handful of rounds in a row; 64 in a
+/// row is someone doing it on purpose.
+const MAX_REPLACED_ROUNDS: u32 = 64;
 /// How long an attempt waits for another thread's attempt on the same lease
 /// file to end (attempts never wait for other processes, so this is a
 /// bound on a `/proc` scan, not a real wait).
@@ -130,7 +132,15 @@ enum Opened {
     File(OpenFile),
     /// Renamed or unlinked between the open and the look at it: open again.
     Moved,
+    /// Someone else created the missing file in the moment before we
+    /// could: open theirs (not a replacement, so not counted as one).
+    Created,
 }
+
+/// How many times in a row a missing lease file may turn out created by
+/// someone else before giving up (each time means another process is
+/// creating and removing it as fast as this one looks).
+const MAX_CREATE_RACES: u32 = 1000;
 
 /// One acquisition in progress.
 pub struct Pending {
@@ -193,6 +203,7 @@ impl Pending {
             self.grace_until = None;
         }
         let mut rounds = 0;
+        let mut races = 0;
         let mut rechecked = false;
         let mut spins = 0;
         loop {
@@ -205,6 +216,20 @@ impl Pending {
                     Opened::Moved => {
                         rounds += 1;
                         self.replaced_too_often(rounds)?;
+                        continue;
+                    }
+                    Opened::Created => {
+                        races += 1;
+                        if races >= MAX_CREATE_RACES {
+                            return Err(Error::io(
+                                "open",
+                                self.lease_path(),
+                                std::io::Error::other(format!(
+                                    "the lease file was created and removed by others {races} \
+                                     times while this process tried to open it"
+                                )),
+                            ));
+                        }
                         continue;
                     }
                 }
@@ -282,10 +307,10 @@ impl Pending {
             };
             let vouched = vouched_for(&previous, key);
             let dir = self.dir_identity(&previous, key, vouched)?;
-            let split_checked = if !self.opts.split_guard {
-                false
+            let (split_checked, undecided) = if !self.opts.split_guard {
+                (false, false)
             } else if vouched {
-                true
+                (true, false)
             } else {
                 let target = path::target_of(&of.canon, &self.opts.suffix);
                 let me = guard::Me {
@@ -305,9 +330,13 @@ impl Pending {
                     self.arm_watch(key);
                     return Ok(None);
                 }
-                outcome.complete
+                (outcome.complete, outcome.undecided)
             };
-            if !split_checked && !of.waited && !of.graced && self.grace_spent < GRACE_BUDGET {
+            if (!split_checked || undecided)
+                && !of.waited
+                && !of.graced
+                && self.grace_spent < GRACE_BUDGET
+            {
                 if let Some(wait) = young(of.age, &previous, REANCHOR_GRACE) {
                     self.grace_spent += wait;
                     // Give a holder of a former file the moment it needs to
@@ -412,7 +441,7 @@ impl Pending {
                         (fd, slot, true)
                     }
                     // Someone else made it in the meantime: open theirs.
-                    Err(e) if e.raw_os_error() == Some(libc::EEXIST) => return Ok(Opened::Moved),
+                    Err(e) if e.raw_os_error() == Some(libc::EEXIST) => return Ok(Opened::Created),
                     Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
                         // Never create directories: name the missing one
                         // (or the file, on a filesystem that refuses it).

@@ -19,7 +19,7 @@ use serde::Serialize;
 
 use crate::error::Result;
 use crate::platform::locks;
-use crate::platform::process::{self, FdScan, KernelKey};
+use crate::platform::process::{self, FdScan, KernelKey, OpenFd};
 use crate::record::{self, Content, Record};
 use crate::registry;
 
@@ -67,6 +67,10 @@ pub(crate) struct Scan {
     /// their holder's descriptors or content were not readable by this user,
     /// or no visible process holds them.
     pub unattributed: usize,
+    /// Deleted files without a record, held: possibly a former lease file
+    /// whose holder has not yet put back what someone truncated or
+    /// overwrote in it. Only a brand-new lease file needs to wait for that.
+    pub undecided: usize,
     /// Whether the scan saw every lock that could matter.
     pub complete: bool,
 }
@@ -74,6 +78,7 @@ pub(crate) struct Scan {
 pub(crate) struct Outcome {
     pub orphan: Option<Orphan>,
     pub complete: bool,
+    pub undecided: bool,
 }
 
 /// The guard of an acquisition that holds the lock through `fd`: the first
@@ -86,6 +91,7 @@ pub(crate) fn check(fd: BorrowedFd<'_>, me: &Me<'_>) -> Result<Outcome> {
             return Ok(Outcome {
                 orphan: None,
                 complete: false,
+                undecided: false,
             })
         }
     };
@@ -93,6 +99,7 @@ pub(crate) fn check(fd: BorrowedFd<'_>, me: &Me<'_>) -> Result<Outcome> {
     Ok(Outcome {
         orphan: s.orphans.into_iter().next(),
         complete: s.complete,
+        undecided: s.undecided > 0,
     })
 }
 
@@ -138,6 +145,7 @@ pub(crate) fn scan(
                             }
                         }
                         Judged::NotOurs => {}
+                        Judged::Undecided => out.undecided += 1,
                         // The PID the kernel lists took the lock but no
                         // longer has it open (or is another process now):
                         // whoever kept its descriptor holds it.
@@ -181,24 +189,31 @@ pub(crate) fn scan(
 enum Judged {
     Orphan(Box<Orphan>),
     NotOurs,
+    /// Cannot be told yet (see [`Scan::undecided`]).
+    Undecided,
     NotHeldHere,
 }
 
-/// The lock `key`, listed for `pid`, which has the descriptors `fds` (with
-/// the file's size) open on its inode. The content is judged first and the
-/// fdinfo read only for a former file of this lease: a file that cannot hold
-/// a record (empty, or too large) is nobody's lease file, and most locks on
-/// a machine are not this lease's.
-fn judge(me: &Me<'_>, pid: u32, key: KernelKey, fds: &[(u32, u64)]) -> Judged {
-    let Some(&(first, size)) = fds.first() else {
+/// The lock `key`, listed for `pid`, which has the descriptors `fds` open
+/// on its inode. The content is judged first and the fdinfo read only for a
+/// former file of this lease: most locks on a machine are not this lease's.
+/// A *deleted* file without a record may be this lease's former file whose
+/// holder has not yet put back what someone truncated or overwrote in it,
+/// so it is left undecided (a brand-new lease file then waits its grace); a
+/// linked one is nobody's lease file.
+fn judge(me: &Me<'_>, pid: u32, key: KernelKey, fds: &[OpenFd]) -> Judged {
+    let Some(first) = fds.first() else {
         return Judged::NotHeldHere;
     };
-    if size == 0 || size > record::RECORD_MAX_BYTES as u64 {
+    let deleted = first.nlink == 0;
+    if first.size > record::RECORD_MAX_BYTES as u64 || (first.size == 0 && !deleted) {
         return Judged::NotOurs;
     }
-    let record = match process::read_through_fd(pid, first, record::RECORD_MAX_BYTES) {
+    let record = match process::read_through_fd(pid, first.fd, record::RECORD_MAX_BYTES) {
         Ok(bytes) => match Content::parse(&bytes) {
             Content::Record(r) if me.owns(&r) => r,
+            Content::Record(_) => return Judged::NotOurs,
+            _ if deleted => return Judged::Undecided,
             _ => return Judged::NotOurs,
         },
         // Closed since it was listed (or another process now): look again
@@ -208,11 +223,11 @@ fn judge(me: &Me<'_>, pid: u32, key: KernelKey, fds: &[(u32, u64)]) -> Judged {
     if !may_own(me, pid) {
         return Judged::NotOurs;
     }
-    match fds.iter().find(|(fd, _)| process::fd_holds(pid, *fd, key)) {
-        Some(&(fd, _)) => Judged::Orphan(Box::new(Orphan {
+    match fds.iter().find(|o| process::fd_holds(pid, o.fd, key)) {
+        Some(o) => Judged::Orphan(Box::new(Orphan {
             pid,
             inode: key.ino,
-            fd: Some(fd),
+            fd: Some(o.fd),
             record: Some(*record),
         })),
         None => Judged::NotHeldHere,
@@ -255,8 +270,8 @@ fn own_leases_elsewhere(me: &Me<'_>) -> HashSet<u64> {
 /// lease? Its record says.
 fn examine(out: &mut Scan, me: &Me<'_>, pid: u32, fd: u32, key: KernelKey) {
     match process::read_through_fd(pid, fd, record::RECORD_MAX_BYTES) {
-        Ok(bytes) => {
-            if let Content::Record(r) = Content::parse(&bytes) {
+        Ok(bytes) => match Content::parse(&bytes) {
+            Content::Record(r) => {
                 if me.owns(&r) && may_own(me, pid) {
                     out.orphans.push(Orphan {
                         pid,
@@ -266,8 +281,15 @@ fn examine(out: &mut Scan, me: &Me<'_>, pid: u32, fd: u32, key: KernelKey) {
                     });
                 }
             }
-            // Anything else is not a sidelease lease file, or another one.
-        }
+            // As in `judge`: a deleted file without a record is undecided.
+            _ => {
+                let deleted = rustix::fs::stat(format!("/proc/{pid}/fd/{fd}"))
+                    .is_ok_and(|st| st.st_nlink == 0);
+                if deleted {
+                    out.undecided += 1;
+                }
+            }
+        },
         Err(_) => out.unattributed += 1,
     }
 }

@@ -71,9 +71,6 @@ pub(crate) struct Inner {
     /// Threads waiting in `wait_settled` (a notify costs a system call, so
     /// it is only made when someone waits).
     waiting: usize,
-    /// Lease files (device, inode, owner) found not planted by a stranger,
-    /// and whether their directory is sticky and shared.
-    vetted: HashMap<(u64, u64, u32), bool>,
 }
 
 #[derive(Default)]
@@ -311,14 +308,6 @@ impl Inner {
         }
         s.add_handle();
         Some(s.clone())
-    }
-
-    pub(crate) fn vetted(&self, file: (u64, u64, u32)) -> Option<bool> {
-        self.vetted.get(&file).copied()
-    }
-
-    pub(crate) fn vet(&mut self, file: (u64, u64, u32), shared_sticky: bool) {
-        self.vetted.insert(file, shared_sticky);
     }
 
     /// Every lease file held on the device `dev` (as `stat` names it), by

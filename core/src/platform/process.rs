@@ -270,10 +270,19 @@ pub fn holding_fd(pid: u32, key: KernelKey) -> FdScan<u32> {
     find_fd(pid, |fd, st| st.st_ino == key.ino && fd_holds(pid, fd, key))
 }
 
+/// A descriptor of another process on a file: its number, and the file's
+/// size and link count when it was looked at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenFd {
+    pub fd: u32,
+    pub size: u64,
+    pub nlink: u64,
+}
+
 /// For each of the inodes `inos` (all on one device), the descriptors of
-/// `pid` open on a file with that inode number, with the file's size, from
-/// one pass over its descriptors (a `stat` of each).
-pub fn fds_on(pid: u32, inos: &[u64]) -> FdScan<Vec<Vec<(u32, u64)>>> {
+/// `pid` open on a file with that inode number, from one pass over its
+/// descriptors (a `stat` of each).
+pub fn fds_on(pid: u32, inos: &[u64]) -> FdScan<Vec<Vec<OpenFd>>> {
     let fds = match fds_of(pid) {
         FdScan::Found(f) => f,
         FdScan::NotFound => return FdScan::NotFound,
@@ -294,7 +303,11 @@ pub fn fds_on(pid: u32, inos: &[u64]) -> FdScan<Vec<Vec<(u32, u64)>>> {
             .map(Vec::as_slice)
             .unwrap_or_default()
         {
-            out[i].push((fd, st.st_size.max(0) as u64));
+            out[i].push(OpenFd {
+                fd,
+                size: st.st_size.max(0) as u64,
+                nlink: st.st_nlink,
+            });
         }
     }
     FdScan::Found(out)
