@@ -162,14 +162,17 @@ pub(crate) fn not_planted(
 /// state, so waiting here could deadlock against a release (and after a
 /// fork the lock may belong to a thread that is gone). Not getting the lock
 /// only means looking at the directory again.
-static VETTED: Mutex<Option<HashMap<(u64, u64, u32), bool>>> = Mutex::new(None);
+static VETTED: Mutex<Option<HashMap<FileId, bool>>> = Mutex::new(None);
 
-fn vetted(file: (u64, u64, u32)) -> Option<bool> {
+/// A file as (device, inode, owner).
+type FileId = (u64, u64, u32);
+
+fn vetted(file: FileId) -> Option<bool> {
     let g = VETTED.try_lock().ok()?;
     g.as_ref()?.get(&file).copied()
 }
 
-fn vet(file: (u64, u64, u32), shared_sticky: bool) {
+fn vet(file: FileId, shared_sticky: bool) {
     if let Ok(mut g) = VETTED.try_lock() {
         g.get_or_insert_with(HashMap::new)
             .insert(file, shared_sticky);
