@@ -174,7 +174,6 @@ pub fn inspect(target: impl AsRef<Path>, options: &Options) -> Result<Inspection
     );
     out.orphans = scan.orphans;
     out.unattributed = scan.unattributed;
-    let scan_undecided = scan.undecided;
     let unreleased_elsewhere = matches!(&found.content, Content::Record(r)
         if r.released_at.is_none() && r.pid_ns.is_some() && r.pid_ns != me.pid_ns);
     out.state = if out.orphans.iter().any(|o| !out.holders.contains(&o.pid)) {
@@ -183,7 +182,7 @@ pub fn inspect(target: impl AsRef<Path>, options: &Options) -> Result<Inspection
         State::Held
     } else if !me.sees_everything() && unreleased_elsewhere {
         State::Unknown
-    } else if out.unattributed + scan_undecided > 0 && !vouched_free(&found.content) {
+    } else if out.unattributed > 0 && !vouched_free(&found.content) {
         // A lock this reader cannot attribute may be a former lease file
         // still held, and nothing at the path says otherwise.
         State::Unknown
