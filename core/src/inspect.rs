@@ -182,9 +182,14 @@ pub fn inspect(target: impl AsRef<Path>, options: &Options) -> Result<Inspection
         State::Held
     } else if !me.sees_everything() && unreleased_elsewhere {
         State::Unknown
-    } else if out.unattributed > 0 && !vouched_free(&found.content) {
-        // A lock this reader cannot attribute may be a former lease file
-        // still held, and nothing at the path says otherwise.
+    } else if !(me.sees_everything() && rustix::process::geteuid().is_root())
+        && out.unattributed > 0
+        && !vouched_free(&found.content)
+    {
+        // A lock this reader cannot attribute (it cannot read every
+        // process's descriptors) may be a former lease file still held, and
+        // nothing at the path says otherwise. (For root, an unattributed
+        // lock is one that vanished while it looked.)
         State::Unknown
     } else {
         State::Free
