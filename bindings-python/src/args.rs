@@ -19,6 +19,11 @@ impl<'a, 'py> FromPyObject<'a, 'py> for Target {
     type Error = PyErr;
 
     fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        // A str, the common case, is encoded natively (surrogateescape, as
+        // os.fsencode does) without a call into Python.
+        if let Ok(s) = obj.cast::<pyo3::types::PyString>() {
+            return Ok(Target(s.extract::<PathBuf>()?));
+        }
         let py = obj.py();
         let encoded = py.import("os")?.call_method1("fsencode", (obj,))?;
         let bytes = encoded.cast::<PyBytes>()?;
