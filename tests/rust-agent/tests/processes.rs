@@ -736,10 +736,7 @@ fn umasked(mode: u32) -> u32 {
 #[test]
 fn a_stranger_cannot_block_the_lease_of_a_database_only_its_owner_writes() {
     let d = open_dir();
-    let db = d.path("app.db");
-    std::fs::write(&db, b"").unwrap();
-    set_mode(&db, 0o644);
-    let lp = format!("{db}.backend-lease");
+    let (db, lp) = database(&d, "app.db", (0, 0), 0o644);
     let mut root = Agent::spawn();
     let h = root.acquire_ok(&db);
     assert_eq!(access_of(&lp), (umasked(0o600), 0, 0));
@@ -846,10 +843,7 @@ fn a_lease_file_planted_in_a_sticky_shared_directory_is_refused() {
 #[test]
 fn a_strangers_file_with_a_copied_record_does_not_block_the_lease() {
     let d = open_dir();
-    let db = d.path("app.db");
-    std::fs::write(&db, b"").unwrap();
-    set_mode(&db, 0o644);
-    let lp = format!("{db}.backend-lease");
+    let (db, lp) = database(&d, "app.db", (0, 0), 0o644);
     // A file of nobody's own on the same filesystem, claiming to be a
     // former lease file of this lease, held by nobody.
     let fake = d.path("fake");
