@@ -34,6 +34,7 @@ mod nonce;
 mod options;
 mod path;
 pub mod platform;
+mod previous;
 pub mod record;
 mod registry;
 pub mod watch;

@@ -1,0 +1,146 @@
+//! What the lease file tells a new holder before it writes: whether the
+//! previous record vouches that no former file is held (so the split guard
+//! may be skipped), how young the file is (a holder of a former one may not
+//! have put it back yet), and the next fencing generation.
+
+use std::os::fd::BorrowedFd;
+use std::path::Path;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::record::{self, Content};
+use crate::registry::Key;
+
+/// Can the split guard be skipped? Yes when the previous record was written
+/// by a holder of this very inode whose own acquisition was split-checked by
+/// a complete check. An orphan (a live holder of a former inode) can only
+/// exist if the file at the path was deleted or replaced while held, and
+/// then the path names a new inode whose first holder has no such record and
+/// runs the guard; by induction every later holder of the same inode may
+/// trust the chain. A blind check (a child PID namespace, locks of other
+/// users) writes `split_checked: false`, so it never vouches. The read
+/// matters: `/proc/locks` takes the kernel's global file-lock rwsem for
+/// writing, which costs an RCU grace period (milliseconds) whenever it has
+/// not been taken recently.
+pub(crate) fn vouched_for(previous: &Content, (dev, ino): Key) -> bool {
+    matches!(previous, Content::Record(r)
+        if r.inode == Some(ino) && r.device == Some(dev) && r.split_checked == Some(true))
+}
+
+/// What `statx` says of an open lease file.
+pub(crate) struct FileStat {
+    pub st_mode: u32,
+    pub st_dev: u64,
+    pub st_ino: u64,
+    pub st_nlink: u64,
+    pub st_size: u64,
+    pub st_uid: u32,
+    pub st_gid: u32,
+    pub age: Option<Duration>,
+}
+
+/// `fstat` plus the file's age, in the one system call `statx` makes.
+pub(crate) fn stat_with_age(fd: BorrowedFd<'_>) -> std::io::Result<FileStat> {
+    use rustix::fs::{AtFlags, StatxFlags};
+    let x = rustix::fs::statx(
+        fd,
+        "",
+        AtFlags::EMPTY_PATH,
+        StatxFlags::BASIC_STATS | StatxFlags::BTIME,
+    )?;
+    let age = (x.stx_mask & StatxFlags::BTIME.bits() != 0).then(|| {
+        let born = std::time::UNIX_EPOCH
+            + Duration::new(x.stx_btime.tv_sec.max(0) as u64, x.stx_btime.tv_nsec);
+        std::time::SystemTime::now()
+            .duration_since(born)
+            .unwrap_or_default()
+    });
+    Ok(FileStat {
+        st_mode: u32::from(x.stx_mode),
+        st_dev: rustix::fs::makedev(x.stx_dev_major, x.stx_dev_minor),
+        st_ino: x.stx_ino,
+        st_nlink: u64::from(x.stx_nlink),
+        st_size: x.stx_size,
+        st_uid: x.stx_uid,
+        st_gid: x.stx_gid,
+        age,
+    })
+}
+
+/// Is this lease file young enough that a holder of a former one may not
+/// have put it back yet? How much longer to wait if so. Without a birth time
+/// a file with no record in it counts as new.
+pub(crate) fn young(
+    age: Option<Duration>,
+    previous: &Content,
+    grace: Duration,
+) -> Option<Duration> {
+    match age {
+        Some(a) if a < grace => Some(grace - a),
+        Some(_) => None,
+        None => matches!(previous, Content::Empty | Content::Unreadable).then_some(grace),
+    }
+}
+
+/// One more than the previous holder's generation; a generation that cannot
+/// grow refuses the lease rather than wrapping (the fencing token would
+/// repeat).
+pub(crate) fn next_generation(previous: &Content, bytes: &[u8], path: &Path) -> Result<u64> {
+    let prev = match previous {
+        Content::Record(r) => Some(r.generation.unwrap_or(0)),
+        Content::Empty => Some(0),
+        Content::Unreadable => record::salvage_generation(bytes),
+    };
+    prev.and_then(|g| g.checked_add(1)).ok_or_else(|| {
+        Error::io(
+            "pwrite",
+            path,
+            std::io::Error::other(format!(
+                "the previous holder's generation cannot grow ({}); the fencing token would \
+                 repeat, so the lease is refused: an operator must reset the lease file",
+                match prev {
+                    Some(g) => g.to_string(),
+                    None => "it does not fit in 64 bits".into(),
+                }
+            )),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generation_survives_a_torn_record() {
+        use crate::record::salvage_generation;
+        assert_eq!(salvage_generation(b"garbage"), Some(0));
+        assert_eq!(
+            salvage_generation(
+                b"{\"schema\":1,\"generation\":18,\"pid\":2}\n\"generation\":17,\"pi"
+            ),
+            Some(18)
+        );
+        assert_eq!(
+            salvage_generation(b"\"generation\": 99999999999999999999999"),
+            None
+        );
+    }
+
+    #[test]
+    fn generation_never_wraps() {
+        let p = Path::new("/x");
+        let max =
+            Content::parse(format!("{{\"schema\":1,\"generation\":{}}}", u64::MAX).as_bytes());
+        let e = next_generation(&max, b"", p).unwrap_err();
+        assert!(e.to_string().contains("cannot grow"), "{e}");
+        let e = next_generation(
+            &Content::Unreadable,
+            b"\"generation\":99999999999999999999999",
+            p,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("64 bits"), "{e}");
+        assert_eq!(next_generation(&Content::Empty, b"", p).unwrap(), 1);
+    }
+}
