@@ -141,6 +141,58 @@ def handoffs(d: str, n: int, cpu_wait: float) -> Dict[str, Any]:
 
 # ---------------------------------------------------------------- inspect, scale
 
+# ---------------------------------------------------------------- many waits
+
+MANY_WAITERS = {
+    "python asyncio": [PY, str(BENCH / "py/measure.py"), "many-waits", "{d}", "{n}", "asyncio"],
+    "python uvloop": [PY, str(BENCH / "py/measure.py"), "many-waits", "{d}", "{n}", "uvloop"],
+    "node": ["node", str(BENCH / "js/measure.cjs"), "many-waits", "{d}", "{n}"],
+    "bun": [BUN, str(BENCH / "js/measure.cjs"), "many-waits", "{d}", "{n}"],
+}
+
+
+def many_waits(d: str, n: int, rounds: int) -> Dict[str, Any]:
+    """N async waits on N targets in one process, their N holders (one other
+    process) releasing together: each waiter's latency from its holder's
+    release, and the longest stall of the waiting event loop (the gap of a
+    1 ms ticker beyond its period, from the first release to the last
+    acquisition)."""
+    out: Dict[str, Any] = {}
+    for name, tmpl in MANY_WAITERS.items():
+        lat: List[int] = []
+        stall = 0
+        for r in range(rounds):
+            sub = os.path.join(d, f"many-{name.replace(' ', '-')}-{r}")
+            os.mkdir(sub)
+            holder = subprocess.Popen([PY, str(BENCH / "py/measure.py"), "hold-many", sub, str(n)],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            assert holder.stdin and holder.stdout
+            assert holder.stdout.readline().strip() == "held"
+            cmd = [a.format(d=sub, n=n) for a in tmpl]
+            w = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+            assert w.stdout
+            assert w.stdout.readline().strip() == "ready", f"{name}: waiter did not start"
+            time.sleep(0.05)
+            holder.stdin.write("release\n")
+            holder.stdin.flush()
+            released = json.loads(holder.stdout.readline())
+            got = json.loads(w.stdout.readline())
+            holder.wait(30)
+            w.wait(30)
+            acq = got["acquired_ns"]
+            lat += [a - b for a, b in zip(acq, released)]
+            t0, t1 = released[0], max(acq)
+            ticks = got["ticks_ns"]
+            gaps = [b - a for a, b in zip(ticks, ticks[1:]) if b >= t0 and a <= t1]
+            stall = max([stall] + [g - 1_000_000 for g in gaps])
+        lat.sort()
+        out[name] = {
+            "n": len(lat), "median_ns": lat[len(lat) // 2], "p99_ns": lat[int((len(lat) - 1) * 0.99)],
+            "max_ns": lat[-1], "max_loop_stall_ns": stall,
+        }
+    return out
+
+
 def inspect_with_locks(d: str, iters: int, counts: Tuple[int, ...] = (1, 200, 2000)) -> Dict[str, Any]:
     out = {}
     target = f"{d}/inspect.db"
@@ -222,6 +274,11 @@ def targets(r: Dict[str, Any]) -> List[Tuple[str, str, str]]:
     for k, v in r["syscalls"].items():
         if k.startswith("cycle: sidelease"):
             rows.append((f"≤ {S.BUDGET} system calls per uncontended {k}", f"{v['calls']:g}", verdict(v["calls"] <= S.BUDGET + 0.05)))
+    for name, v in r["many waits"].items():
+        rows.append((f"256 waits released together, wake latency ≤ 10 ms median / 50 ms p99: {name}",
+                     f"{v['median_ns'] / 1e6:.1f} / {v['p99_ns'] / 1e6:.1f} ms", verdict(v["median_ns"] <= 10e6 and v["p99_ns"] <= 50e6)))
+        rows.append((f"256 waits released together, event loop stall ≤ 5 ms: {name}",
+                     f"{v['max_loop_stall_ns'] / 1e6:.1f} ms", verdict(v["max_loop_stall_ns"] <= 5e6)))
     t = r["takeover"]["median_ns"]
     rows.append(("takeover from a SIGKILLed holder ≤ 5 ms median", f"{t / 1e6:.2f} ms", verdict(t <= 5_000_000)))
     ins = r["inspect"]["200 unrelated locks"]["median_ns"]
@@ -385,6 +442,7 @@ def main() -> int:
             ("shared+refused", lambda: shared_and_refused(d, iters)),
             ("handoff", lambda: handoffs(d, 20 if q else 300, 0.5 if q else 2.0)),
             ("takeover", lambda: takeover(d, 10 if q else 100)),
+            ("many waits", lambda: many_waits(d, 256, 2 if q else 10)),
             ("inspect", lambda: inspect_with_locks(d, 20 if q else 200)),
             ("scale", lambda: scale(d, 2_000 if q else 10_000)),
             ("syscalls", lambda: S.measure(q)),

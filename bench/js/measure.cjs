@@ -1,6 +1,7 @@
 // Node and Bun measurements for bench/ (run by both runtimes):
 //   measure.cjs cycle|shared|refused|anchors TARGET ITERS
 //   measure.cjs waiter sidelease|sidelease-async|proper-lockfile TARGET
+//   measure.cjs many-waits DIR N   (N acquireAsync waits and a 1 ms ticker)
 'use strict';
 const fs = require('node:fs');
 const path = require('node:path');
@@ -49,6 +50,7 @@ async function measureAsync(iters, f) {
 async function main() {
   const [mode, a, b] = process.argv.slice(2);
   if (mode === 'waiter') return waiter(a, b);
+  if (mode === 'many-waits') return manyWaits(a, Number(b));
   const target = a;
   const iters = Number(b);
   let out;
@@ -113,6 +115,29 @@ async function waiter(kind, target) {
     } else break;
   }
   rl.close();
+}
+
+// Every waiter's acquisition time, and the ticks of a 1 ms timer whose gaps
+// show how long the event loop was stalled (bench.py compares them with the
+// holder's release times).
+async function manyWaits(dir, n) {
+  const acquired = new Array(n).fill(0);
+  const held = [];
+  const waits = [];
+  for (let i = 0; i < n; i++) {
+    waits.push(sidelease.acquireAsync(`${dir}/t${i}.db`, { timeout: 60000 }).then((l) => {
+      acquired[i] = Number(monotonicNs());
+      held.push(l);
+    }));
+  }
+  await new Promise((r) => setTimeout(r, 500)); // every wait reaches the kernel
+  const ticks = [];
+  const ticker = setInterval(() => ticks.push(Number(monotonicNs())), 1);
+  process.stdout.write('ready\n');
+  await Promise.all(waits);
+  clearInterval(ticker);
+  for (const l of held) l.release();
+  process.stdout.write(JSON.stringify({ acquired_ns: acquired, ticks_ns: ticks }) + '\n');
 }
 
 main().catch((e) => { console.error(e); process.exit(1); });

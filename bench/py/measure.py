@@ -3,6 +3,8 @@ pick instead, in the same process and run.
 
     measure.py cycle|shared|refused|anchors TARGET ITERS
     measure.py waiter sidelease|filelock TARGET      (handoff waiter)
+    measure.py hold-many DIR N                       (many-waits holder)
+    measure.py many-waits DIR N asyncio|uvloop       (many-waits waiter)
 """
 
 from __future__ import annotations
@@ -71,6 +73,10 @@ def main() -> None:
     mode, target = sys.argv[1], sys.argv[2]
     if mode == "waiter":
         return waiter(target, sys.argv[3])
+    if mode == "hold-many":
+        return hold_many(target, int(sys.argv[3]))
+    if mode == "many-waits":
+        return many_waits(target, int(sys.argv[3]), sys.argv[4])
     iters = int(sys.argv[3])
     import sidelease
 
@@ -124,6 +130,64 @@ def waiter(kind: str, target: str) -> None:
                 print("ok", flush=True)
             else:
                 break
+
+
+def hold_many(d: str, n: int) -> None:
+    """Hold N leases; on "release", let them all go at once and print when
+    each was let go (CLOCK_MONOTONIC, as the waiters print it)."""
+    import sidelease
+    leases = [sidelease.acquire(f"{d}/t{i}.db") for i in range(n)]
+    print("held", flush=True)
+    sys.stdin.readline()
+    at = []
+    for lease in leases:
+        at.append(time.monotonic_ns())
+        lease.release()
+    print(json.dumps(at), flush=True)
+
+
+def many_waits(d: str, n: int, loop_kind: str) -> None:
+    """N acquire_async waits on N targets in one event loop, and a 1 ms
+    ticker whose gaps show how long the loop was stalled."""
+    import asyncio
+
+    import sidelease
+
+    acquired = [0] * n
+    ticks: List[int] = []
+
+    async def one(i: int, all_done: asyncio.Event) -> None:
+        lease = await sidelease.acquire_async(f"{d}/t{i}.db", timeout=60)
+        acquired[i] = time.monotonic_ns()
+        held.append(lease)
+        if len(held) == n:
+            all_done.set()
+
+    held: List[object] = []
+
+    async def ticker(stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            ticks.append(time.monotonic_ns())
+            await asyncio.sleep(0.001)
+
+    async def run() -> None:
+        all_done = asyncio.Event()
+        tasks = [asyncio.create_task(one(i, all_done)) for i in range(n)]
+        await asyncio.sleep(0.5)  # every task reaches its wait
+        tick = asyncio.create_task(ticker(all_done))
+        print("ready", flush=True)
+        await asyncio.wait_for(all_done.wait(), 60)
+        await tick
+        await asyncio.gather(*tasks)
+        for lease in held:
+            lease.release()  # type: ignore[attr-defined]
+
+    if loop_kind == "uvloop":
+        import uvloop
+        uvloop.run(run())
+    else:
+        asyncio.run(run())
+    print(json.dumps({"acquired_ns": acquired, "ticks_ns": ticks}), flush=True)
 
 
 if __name__ == "__main__":

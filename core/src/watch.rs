@@ -9,7 +9,9 @@
 //! Watches outlive the lease (the kernel drops them with the inode), so a
 //! lease file this process holds again needs no new watch; a watch that
 //! fires for a file nobody here holds is removed then, off every caller's
-//! thread.
+//! thread. Once nothing has been held for a while the thread closes the
+//! instance (a slow call: the kernel waits for an SRCU grace period) and
+//! ends, so a process that holds nothing keeps no instance and no thread.
 //!
 //! The thread runs no user code except a callback the user gave, does not
 //! keep the process alive, and does not exist in a forked child (the fork
@@ -19,7 +21,7 @@
 
 use std::collections::HashMap;
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
@@ -50,16 +52,28 @@ pub(crate) fn recheck_period() -> Duration {
     })
 }
 
+/// How long the instance outlives the last held lease: a service that
+/// acquires and releases in a loop keeps it (and its watches), an idle
+/// process gives it back.
+const LINGER: Duration = Duration::from_secs(2);
+
 struct Watcher {
-    inotify: OwnedFd,
     ctl: OwnedFd,
     state: Mutex<WState>,
-    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Threads started, joined by `pause` (one that closes the instance on
+    /// its way out may still be running).
+    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     running: AtomicBool,
 }
 
 #[derive(Default)]
 struct WState {
+    inotify: Option<OwnedFd>,
+    paused: bool,
+    /// When the thread means to wake next (`None`: only for an event).
+    /// Changes that need it sooner wake it, and only then: a cycle of
+    /// acquire and release makes no call to wake it.
+    planned: Option<Instant>,
     entries: HashMap<i32, Entry>,
     /// Leases to look at on the next wake-up, asked for by `attach`.
     asked: Vec<Weak<Shared>>,
@@ -97,15 +111,12 @@ fn watcher() -> Option<&'static Watcher> {
     if let Some(w) = unsafe { p.as_ref() } {
         return Some(w);
     }
-    let inotify = inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK).ok()?;
     let ctl = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).ok()?;
-    INOTIFY_FD.store(inotify.as_raw_fd(), Ordering::Release);
     CTL_FD.store(ctl.as_raw_fd(), Ordering::Release);
     let w: &'static Watcher = Box::leak(Box::new(Watcher {
-        inotify,
         ctl,
         state: Mutex::new(WState::default()),
-        thread: Mutex::new(None),
+        threads: Mutex::new(Vec::new()),
         running: AtomicBool::new(false),
     }));
     WATCHER.store(w as *const Watcher as *mut Watcher, Ordering::Release);
@@ -121,42 +132,54 @@ impl Watcher {
         let _ = rustix::io::write(&self.ctl, &1u64.to_ne_bytes());
     }
 
-    fn ensure_running(&'static self) {
-        if self.running.load(Ordering::Acquire) {
+    /// The instance, created when there is none (state locked).
+    fn instance<'a>(&self, st: &'a mut WState) -> Option<&'a OwnedFd> {
+        if st.inotify.is_none() {
+            let fd = inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK).ok()?;
+            INOTIFY_FD.store(fd.as_raw_fd(), Ordering::Release);
+            st.inotify = Some(fd);
+        }
+        st.inotify.as_ref()
+    }
+
+    /// Start the thread unless it runs (state locked).
+    fn ensure_running(&'static self, st: &mut WState) {
+        if self.running.load(Ordering::Acquire) || st.paused {
             return;
         }
-        let mut t = self.thread.lock().unwrap_or_else(|e| e.into_inner());
-        if self.running.load(Ordering::Acquire) {
-            return;
-        }
-        if let Some(old) = t.take() {
-            let _ = old.join();
-        }
-        self.state().stop = false;
+        let mut threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
+        threads.retain(|t| !t.is_finished());
+        st.stop = false;
         let spawned = std::thread::Builder::new()
             .name("sidelease-watch".into())
             .stack_size(128 * 1024)
             .spawn(move || self.run());
         if let Ok(h) = spawned {
             self.running.store(true, Ordering::Release);
-            *t = Some(h);
+            threads.push(h);
         }
     }
 
     fn run(&'static self) {
         let mut buf = [MaybeUninit::<u8>::uninit(); 4096];
         let mut next_sweep = Instant::now() + recheck_period();
+        let mut idle_since: Option<Instant> = None;
         loop {
-            let (timeout, any_held) = self.timeout(next_sweep);
-            let woke = self.sleep(timeout);
+            let Some((fd, timeout, any_held)) = self.next_sleep(next_sweep, &mut idle_since) else {
+                return;
+            };
+            // SAFETY: only this thread closes the instance, after this
+            // borrow ends.
+            let inotify = unsafe { BorrowedFd::borrow_raw(fd) };
+            let woke = self.sleep(inotify, timeout);
             if self.state().stop {
-                break;
+                continue;
             }
             let mut check: Vec<Arc<Shared>> = Vec::new();
             let mut modified: Vec<Arc<Shared>> = Vec::new();
             let mut all = false;
             if woke.inotify {
-                all |= self.read_events(&mut buf, &mut check, &mut modified);
+                all |= self.read_events(inotify, &mut buf, &mut check, &mut modified);
             }
             let now = Instant::now();
             {
@@ -185,30 +208,71 @@ impl Watcher {
                 }
             }
         }
-        self.running.store(false, Ordering::Release);
     }
 
-    /// How long to sleep: until the next retry or sweep while leases are
-    /// held, forever otherwise.
-    fn timeout(&self, next_sweep: Instant) -> (Option<Duration>, bool) {
-        let st = self.state();
+    /// What to sleep on and how long: until the next retry or sweep while
+    /// leases are held, until the instance's time is up while nothing is.
+    /// `None`: the thread ends (paused, or idle long enough: then the
+    /// instance is closed here, on the way out).
+    fn next_sleep(
+        &self,
+        next_sweep: Instant,
+        idle_since: &mut Option<Instant>,
+    ) -> Option<(i32, Option<Duration>, bool)> {
+        let mut st = self.state();
         let any_held = st.entries.values().any(|e| {
             e.lease
                 .as_ref()
                 .and_then(Weak::upgrade)
                 .is_some_and(|s| matches!(s.state().phase, Phase::Held))
         });
+        let busy = st
+            .entries
+            .values()
+            .any(|e| e.pending > 0 || e.lease.as_ref().is_some_and(|l| l.strong_count() > 0))
+            || !st.retry.is_empty()
+            || !st.asked.is_empty();
+        let now = Instant::now();
+        *idle_since = if busy {
+            None
+        } else {
+            Some(idle_since.unwrap_or(now))
+        };
+        let expired = idle_since.is_some_and(|t| now >= t + LINGER);
+        if st.stop || expired || st.inotify.is_none() {
+            let fd = if expired && !st.stop {
+                st.inotify.take()
+            } else {
+                None
+            };
+            if fd.is_some() {
+                INOTIFY_FD.store(-1, Ordering::Release);
+                st.entries.clear();
+            }
+            self.running.store(false, Ordering::Release);
+            drop(st);
+            drop(fd);
+            return None;
+        }
         let mut wake_at = if any_held { Some(next_sweep) } else { None };
         for (_, at) in &st.retry {
             wake_at = Some(wake_at.map_or(*at, |w: Instant| w.min(*at)));
         }
-        let now = Instant::now();
-        (wake_at.map(|w| w.saturating_duration_since(now)), any_held)
+        if let Some(t) = *idle_since {
+            wake_at = Some(wake_at.map_or(t + LINGER, |w: Instant| w.min(t + LINGER)));
+        }
+        st.planned = wake_at;
+        let fd = st.inotify.as_ref().map(|f| f.as_raw_fd())?;
+        Some((
+            fd,
+            wake_at.map(|w| w.saturating_duration_since(now)),
+            any_held,
+        ))
     }
 
-    fn sleep(&self, timeout: Option<Duration>) -> Woke {
+    fn sleep(&self, inotify: BorrowedFd<'_>, timeout: Option<Duration>) -> Woke {
         let mut fds = [
-            PollFd::new(&self.inotify, PollFlags::IN),
+            PollFd::new(&inotify, PollFlags::IN),
             PollFd::new(&self.ctl, PollFlags::IN),
         ];
         let ts = timeout.map(|t| Timespec {
@@ -230,12 +294,13 @@ impl Watcher {
     /// queue overflow: check everything).
     fn read_events(
         &self,
+        inotify: BorrowedFd<'_>,
         buf: &mut [MaybeUninit<u8>],
         check: &mut Vec<Arc<Shared>>,
         modified: &mut Vec<Arc<Shared>>,
     ) -> bool {
         let mut overflow = false;
-        let mut reader = inotify::Reader::new(self.inotify.as_fd(), buf);
+        let mut reader = inotify::Reader::new(inotify, buf);
         // Until EAGAIN: drained.
         while let Ok(ev) = reader.next() {
             let (wd, flags) = (ev.wd(), ev.events());
@@ -264,7 +329,7 @@ impl Watcher {
                     // it. Under the lock, so an acquisition that is adding
                     // this very watch again cannot lose it.
                     st.entries.remove(&wd);
-                    let _ = inotify::remove_watch(&self.inotify, wd);
+                    let _ = inotify::remove_watch(inotify, wd);
                 }
             }
         }
@@ -304,18 +369,14 @@ impl Drop for Ticket {
 /// inotify is not available: then only the timer re-checks the lease.
 pub(crate) fn begin(fd: BorrowedFd<'_>) -> Option<Ticket> {
     let w = watcher()?;
-    w.ensure_running();
     // Added and counted under the lock: the watcher removes unowned watches
-    // under it too.
+    // (and closes the instance) under it too.
     let mut st = w.state();
-    let wd = add(w, fd)?;
-    st.entries.entry(wd).or_default().pending += 1;
-    Some(Ticket { wd })
-}
-
-fn add(w: &Watcher, fd: BorrowedFd<'_>) -> Option<i32> {
     let link = format!("/proc/self/fd/{}", fd.as_raw_fd());
-    inotify::add_watch(&w.inotify, link, MASK).ok()
+    let wd = inotify::add_watch(w.instance(&mut st)?, link, MASK).ok()?;
+    st.entries.entry(wd).or_default().pending += 1;
+    w.ensure_running(&mut st);
+    Some(Ticket { wd })
 }
 
 /// The acquisition finished: its watch now belongs to `shared`.
@@ -326,9 +387,14 @@ pub(crate) fn attach(t: Ticket, shared: &Arc<Shared>) {
         let e = st.entries.entry(t.wd).or_default();
         e.lease = Some(Arc::downgrade(shared));
         e.pending = e.pending.saturating_sub(1);
-        let dirty = std::mem::take(&mut e.dirty);
+        let mut dirty = std::mem::take(&mut e.dirty);
         if dirty {
             st.asked.push(Arc::downgrade(shared));
+        }
+        // A thread that sleeps until an event must start the sweep timer.
+        if st.planned.is_none() {
+            st.planned = Some(Instant::now());
+            dirty = true;
         }
         dirty
     };
@@ -348,8 +414,12 @@ pub(crate) fn add_anchor(shared: &Arc<Shared>, fd: BorrowedFd<'_>) {
     let Some(w) = watcher() else { return };
     let mut st = w.state();
     let link = format!("/proc/self/fd/{}", fd.as_raw_fd());
-    if let Ok(wd) = inotify::add_watch(&w.inotify, link, MASK | WatchFlags::MODIFY) {
+    let Some(inotify) = w.instance(&mut st) else {
+        return;
+    };
+    if let Ok(wd) = inotify::add_watch(inotify, link, MASK | WatchFlags::MODIFY) {
         st.entries.entry(wd).or_default().lease = Some(Arc::downgrade(shared));
+        w.ensure_running(&mut st);
     }
 }
 
@@ -360,6 +430,7 @@ pub(crate) fn forget(shared: &Arc<Shared>) {
         return;
     };
     let mut st = w.state();
+    let mut others = false;
     for e in st.entries.values_mut() {
         if e.lease
             .as_ref()
@@ -367,34 +438,53 @@ pub(crate) fn forget(shared: &Arc<Shared>) {
         {
             e.lease = None;
         }
+        others |= e.pending > 0 || e.lease.as_ref().is_some_and(|l| l.strong_count() > 0);
+    }
+    // The last lease: the thread starts counting towards closing the
+    // instance, unless it wakes soon enough anyway.
+    let now = Instant::now();
+    if !others && st.planned.is_none_or(|p| p > now + LINGER) {
+        st.planned = Some(now);
+        drop(st);
+        w.wake();
     }
 }
 
 /// Stop the watcher thread (before a fork, for runtimes that warn about
 /// forking a threaded process). Held leases are not watched until
 /// `resume`; events that come meanwhile wait in the queue.
+/// The wait hub's thread (platform::notify) is stopped and started with it.
 pub fn pause() {
+    crate::platform::notify::pause();
     // SAFETY: a leaked box, never freed.
     let Some(w) = (unsafe { WATCHER.load(Ordering::Acquire).as_ref() }) else {
         return;
     };
-    let mut t = w.thread.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(h) = t.take() {
-        w.state().stop = true;
-        w.wake();
+    {
+        let mut st = w.state();
+        st.paused = true;
+        st.stop = true;
+    }
+    w.wake();
+    let threads = std::mem::take(&mut *w.threads.lock().unwrap_or_else(|e| e.into_inner()));
+    for h in threads {
         let _ = h.join();
     }
     w.running.store(false, Ordering::Release);
 }
 
-/// Start the watcher thread again if any lease is held.
+/// Start the watcher thread again if it has an instance (it closes an idle
+/// one itself), and the wait hub's.
 pub fn resume() {
+    crate::platform::notify::resume();
     // SAFETY: a leaked box, never freed.
     let Some(w) = (unsafe { WATCHER.load(Ordering::Acquire).as_ref() }) else {
         return;
     };
-    if !w.held().is_empty() {
-        w.ensure_running();
+    let mut st = w.state();
+    st.paused = false;
+    if st.inotify.is_some() {
+        w.ensure_running(&mut st);
     }
 }
 
@@ -405,10 +495,20 @@ pub fn is_running() -> bool {
         .is_some_and(|w| w.running.load(Ordering::Acquire))
 }
 
+/// How many inotify instances this library holds now: the holder's watch
+/// and the wait hub, each 0 or 1 (for tests and diagnostics).
+pub fn inotify_instances() -> usize {
+    // SAFETY: a leaked box, never freed.
+    let held = unsafe { WATCHER.load(Ordering::Acquire).as_ref() }
+        .is_some_and(|w| w.state().inotify.is_some()) as usize;
+    held + crate::platform::notify::instances()
+}
+
 /// The fork child handler's part: no watcher thread exists in the child;
 /// close the child's copies of its descriptors (reading the parent's
 /// instance would steal its events) and start afresh when needed.
 pub(crate) fn after_fork_in_child() {
+    crate::platform::notify::after_fork_in_child();
     for fd in [&INOTIFY_FD, &CTL_FD] {
         let raw = fd.swap(-1, Ordering::AcqRel);
         if raw >= 0 {

@@ -1,0 +1,94 @@
+//! The inotify instances a process keeps: a user may have only 128, so one
+//! for the held leases' watch, one for every wait together, and none once
+//! the process has neither held nor waited for a while. Alone in its own
+//! test binary, because it counts this process's instances.
+
+use std::fs::File;
+use std::path::Path;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use sidelease::{Lease, Options, Wait};
+
+/// Instances in this process's descriptor table (not the library's own
+/// count: what the kernel charges to the user).
+fn instances() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|l| l == Path::new("anon_inode:inotify"))
+        .count()
+}
+
+fn eventually(what: &str, timeout: Duration, f: impl Fn() -> bool) {
+    let end = Instant::now() + timeout;
+    while !f() {
+        assert!(Instant::now() < end, "{what}: not within {timeout:?}");
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A lock this process holds by hand, through an open file description of
+/// its own: to sidelease, a holder like any other.
+fn lock_by_hand(path: &Path) -> File {
+    let f = File::create(path).unwrap();
+    rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).unwrap();
+    f
+}
+
+#[test]
+fn one_instance_per_role_and_none_when_idle() {
+    const WAITS: usize = 300;
+    let d = tempfile::tempdir().unwrap();
+    let idle_bound = Duration::from_secs(10);
+    assert_eq!(instances(), 0);
+
+    // Holding: the holder's watch, one instance.
+    let lease = Lease::acquire(d.path().join("held.db"), &Options::new()).unwrap();
+    assert_eq!(instances(), 1);
+    lease.release().unwrap();
+    eventually(
+        "the holder's instance closed once nothing is held",
+        idle_bound,
+        || instances() == 0 && sidelease::watch::inotify_instances() == 0,
+    );
+    eventually("the watcher thread ended", idle_bound, || {
+        !sidelease::watch::is_running()
+    });
+
+    // More waits than a user may have instances, all on one.
+    let hand: Vec<File> = (0..WAITS)
+        .map(|i| lock_by_hand(&d.path().join(format!("w{i}.db.backend-lease"))))
+        .collect();
+    let waiters: Vec<_> = (0..WAITS)
+        .map(|i| {
+            let target = d.path().join(format!("w{i}.db"));
+            thread::Builder::new()
+                .stack_size(256 * 1024)
+                .spawn(move || {
+                    let opts = Options::new().wait(Wait::Timeout(Duration::from_secs(60)));
+                    Lease::acquire(&target, &opts)
+                })
+                .unwrap()
+        })
+        .collect();
+    thread::sleep(Duration::from_millis(500));
+    assert_eq!(instances(), 1, "every wait on one instance");
+    let start = Instant::now();
+    drop(hand);
+    let leases: Vec<Lease> = waiters
+        .into_iter()
+        .map(|w| w.join().unwrap().expect("each waiter acquires"))
+        .collect();
+    // Woken by events, not by the 100 ms safety re-check of each waiter in
+    // turn (which would take seconds for 300).
+    let woken = start.elapsed();
+    assert!(woken < Duration::from_secs(5), "300 waiters took {woken:?}");
+    assert!(instances() <= 2, "{} instances while holding", instances());
+    for l in leases {
+        l.release().unwrap();
+    }
+    eventually("every instance closed once idle", idle_bound, || {
+        instances() == 0
+    });
+}
