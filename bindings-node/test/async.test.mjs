@@ -1,11 +1,12 @@
 // acquireAsync: the event loop stays free, AbortSignal cancels, waits wake.
 import { test, describe } from 'node:test';
 import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 
 import * as sidelease from '../index.mjs';
-import { Holder, tmpdir, withTimeout, STEP } from './helpers.mjs';
+import { Holder, here, tmpdir, withTimeout, STEP } from './helpers.mjs';
 
 describe('acquireAsync', () => {
   test('acquires a free lease', async () => {
@@ -111,5 +112,15 @@ describe('acquireAsync', () => {
     } finally {
       h.close();
     }
+  });
+
+  test('waits share one inotify instance, and an idle process keeps none', async () => {
+    const out = JSON.parse(
+      execFileSync(process.execPath, [path.join(here, 'fixtures', 'instances.cjs'), tmpdir()], {
+        encoding: 'utf8',
+        timeout: 60_000,
+      }),
+    );
+    assert.deepEqual(out, { start: 0, holding: 1, idleAfterHolding: 0, waiting: 1, acquired: 150, idleAfterWaits: 0 });
   });
 });

@@ -4,9 +4,15 @@ per wait."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import subprocess
+import sys
+import textwrap
 import threading
 import time
+
+from typing import Any
 
 import pytest
 
@@ -78,7 +84,7 @@ def test_cancelling_the_task_leaves_nothing_held(db: str, holder: Holder) -> Non
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert fds() <= before + 1  # the pooled inotify instance may stay
+        assert fds() <= before + 1  # the wait hub's inotify instance lingers a while
 
     run(main())
     holder.release()
@@ -100,3 +106,70 @@ def test_a_hundred_waits_need_no_threads(db: str, holder: Holder) -> None:
         assert sidelease.inspect(db)["state"] == "free"
 
     run(main())
+
+
+INSTANCES = textwrap.dedent(
+    """
+    import asyncio, json, os, subprocess, sys, time
+    import sidelease
+
+    WAITS = 150
+    d = sys.argv[1]
+
+    def instances():
+        n = 0
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                n += os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:inotify"
+            except OSError:
+                pass
+        return n
+
+    def idle():
+        end = time.monotonic() + 10
+        while instances() and time.monotonic() < end:
+            time.sleep(0.05)
+        return instances()
+
+    out = {"start": instances()}
+    lease = sidelease.acquire(f"{d}/held.db")
+    out["holding"] = instances()
+    lease.release()
+    out["idle_after_holding"] = idle()
+
+    hold = "import sidelease, sys; held = [sidelease.acquire(p) for p in sys.argv[1:]]; print('held', flush=True); sys.stdin.readline()"
+    targets = [f"{d}/w{i}.db" for i in range(WAITS)]
+    holder = subprocess.Popen([sys.executable, "-c", hold, *targets], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    holder.stdout.readline()
+
+    async def main():
+        tasks = [asyncio.create_task(sidelease.acquire_async(t, timeout=30)) for t in targets]
+        await asyncio.sleep(0.3)
+        out["waiting"] = instances()
+        holder.stdin.write("go\\n")
+        holder.stdin.flush()
+        leases = await asyncio.gather(*tasks)
+        out["acquired"] = len(leases)
+        for l in leases:
+            l.release()
+
+    asyncio.run(main())
+    holder.wait()
+    out["idle_after_waits"] = idle()
+    print(json.dumps(out))
+    """
+)
+
+
+def test_waits_share_one_inotify_instance_and_an_idle_process_keeps_none(tmp_path: Any) -> None:
+    # In a fresh interpreter: the count is per process.
+    out = subprocess.run([sys.executable, "-c", INSTANCES, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {
+        "start": 0,
+        "holding": 1,
+        "idle_after_holding": 0,
+        "waiting": 1,
+        "acquired": 150,
+        "idle_after_waits": 0,
+    }

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import time
 from typing import Any, Dict, Optional, Union
 
 from . import _native
@@ -78,6 +79,7 @@ async def acquire_async(
     loop = asyncio.get_running_loop()
     try:
         while True:
+            await _turn(loop)
             lease = pending.try_acquire()
             if lease is not None:
                 return lease
@@ -91,6 +93,30 @@ async def acquire_async(
                 pending.woke()
     finally:
         pending.close()
+
+
+# Attempts run on the loop's thread. Hundreds of waits woken together (their
+# holders let go at once) would otherwise all make theirs in one iteration
+# of the loop and stall every other task for as long; each iteration gets a
+# slice of attempt time, and the waits past it go on in the next iteration.
+_SLICE = 0.001
+_slices: Dict[int, float] = {}
+
+
+async def _turn(loop: asyncio.AbstractEventLoop) -> None:
+    key = id(loop)
+    while True:
+        now = time.monotonic()
+        start = _slices.get(key)
+        if start is None:
+            _slices[key] = now
+            # Runs at the start of the next iteration, before the waits
+            # deferred to it.
+            loop.call_soon(_slices.pop, key, None)
+            return
+        if now - start < _SLICE:
+            return
+        await asyncio.sleep(0)
 
 
 async def _wait_readable(loop: asyncio.AbstractEventLoop, fd: Optional[int], delay: float) -> bool:
@@ -107,7 +133,9 @@ async def _wait_readable(loop: asyncio.AbstractEventLoop, fd: Optional[int], del
     loop.add_reader(fd, ready, True)
     timer = loop.call_later(delay, ready, False)
     try:
-        return await fut
+        woken = await fut
+        await _turn(loop)  # the slice counts what waking costs too
+        return woken
     finally:
         timer.cancel()
         loop.remove_reader(fd)

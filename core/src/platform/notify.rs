@@ -36,6 +36,9 @@ const MASK: WatchFlags = WatchFlags::CLOSE_WRITE
 /// waits come and go keeps it, an idle process gives it back.
 const LINGER: Duration = Duration::from_secs(2);
 
+/// How long a watch nobody waits on is kept before it is removed.
+const UNUSED_DELAY: Duration = Duration::from_millis(20);
+
 struct Hub {
     ctl: OwnedFd,
     state: Mutex<HubState>,
@@ -52,8 +55,12 @@ struct HubState {
     inotify: Option<OwnedFd>,
     /// The waiters of each watch.
     watches: HashMap<i32, Vec<Arc<Signal>>>,
-    /// Watches whose waiters all left: the thread removes them.
-    unused: Vec<i32>,
+    /// Watches whose waiters all left, and since when: the thread removes
+    /// them a little later, in one go (when hundreds of waits end together,
+    /// their ends do not queue behind each other's removals).
+    unused: Vec<(i32, Instant)>,
+    /// When the thread means to wake next (`None`: only for an event).
+    planned: Option<Instant>,
     running: bool,
     paused: bool,
     stop: bool,
@@ -142,7 +149,15 @@ impl Hub {
         loop {
             let (fd, timeout) = {
                 let mut st = self.state();
-                for wd in std::mem::take(&mut st.unused) {
+                let now = Instant::now();
+                let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut st.unused)
+                    .into_iter()
+                    .partition(|(_, at)| now >= *at + UNUSED_DELAY);
+                st.unused = later;
+                for (wd, _) in due {
+                    // Under the lock: a wait that is adding this very watch
+                    // again (the kernel gives it the same number) cannot
+                    // lose it.
                     if st.watches.get(&wd).is_some_and(|w| w.is_empty()) {
                         st.watches.remove(&wd);
                         if let Some(fd) = &st.inotify {
@@ -151,7 +166,6 @@ impl Hub {
                     }
                 }
                 let idle = st.watches.is_empty();
-                let now = Instant::now();
                 idle_since = if idle {
                     Some(idle_since.unwrap_or(now))
                 } else {
@@ -175,10 +189,13 @@ impl Hub {
                     return;
                 }
                 let raw = st.inotify.as_ref().map(|f| f.as_raw_fd()).unwrap_or(-1);
-                (
-                    raw,
-                    idle_since.map(|t| (t + LINGER).saturating_duration_since(now)),
-                )
+                let mut wake_at = idle_since.map(|t| t + LINGER);
+                if let Some((_, at)) = st.unused.first() {
+                    let at = *at + UNUSED_DELAY;
+                    wake_at = Some(wake_at.map_or(at, |w| w.min(at)));
+                }
+                st.planned = wake_at;
+                (raw, wake_at.map(|w| w.saturating_duration_since(now)))
             };
             // SAFETY: only this thread closes the instance, and not before
             // this borrow ends.
@@ -309,8 +326,13 @@ impl ChangeWatch {
         if let Some(waiters) = st.watches.get_mut(&wd) {
             waiters.retain(|s| !Arc::ptr_eq(s, signal));
             if waiters.is_empty() {
-                st.unused.push(wd);
-                hub.wake();
+                let now = Instant::now();
+                st.unused.push((wd, now));
+                // Wake the thread only if it would not look soon enough.
+                if st.planned.is_none_or(|p| p > now + UNUSED_DELAY) {
+                    st.planned = Some(now);
+                    hub.wake();
+                }
             }
         }
     }
