@@ -141,70 +141,159 @@ function nativeOptions(options) {
   return out;
 }
 
-// The native Lease is the public one: JS adds the parsed records, error
-// conversion and disposal to its prototype.
-const Lease = native.Lease;
-// Native methods that can fail get their errors converted.
-for (const name of ['release', 'check', 'ensureHeld']) {
-  const method = Lease.prototype[name];
-  Object.defineProperty(Lease.prototype, name, {
-    value: function () {
-      try {
-        return method.call(this);
-      } catch (err) {
-        throw fromNative(err);
-      }
-    },
-    writable: true,
-    configurable: true,
-  });
-}
-// Each lease's AbortSignal, made on first use of `lease.signal`.
-const signals = new WeakMap();
+// A lease handle: a plain object with the native handle's number. release()
+// frees the native state at once; the fields read while the lease was held
+// stay readable after it (they are cached here), others then throw.
+const NEW_LEASE = Symbol('sidelease.newLease');
+const { isMainThread } = require('node:worker_threads');
+// This environment's number: a worker's handles are released, and its
+// waits cancelled, when the worker is torn down.
+const ENV = native.envOpen(isMainThread);
 
 function lostError(message, reason, leasePath) {
   return new SideleaseError(message, { code: 'SIDELEASE_LOST', reason, leasePath });
 }
 
-Object.defineProperties(Lease.prototype, {
+function releasedError(field) {
+  return new SideleaseError(
+    `invalid argument \`lease\`: this lease handle was released, which frees what it knew; read lease.${field} before release()`,
+    { code: 'SIDELEASE_INVALID_ARGUMENT', argument: 'lease' },
+  );
+}
+
+class Lease {
+  #id;
+  #released = false;
+  #cache = null;
+  #signal = null;
+
+  /** Not constructible: a lease comes from acquire() or acquireAsync(). */
+  constructor(token, id) {
+    if (token !== NEW_LEASE) {
+      throw new SideleaseError('invalid argument `lease`: a Lease comes from acquire() or acquireAsync(), not from new Lease()', {
+        code: 'SIDELEASE_INVALID_ARGUMENT',
+        argument: 'lease',
+      });
+    }
+    this.#id = id;
+  }
+
+  // A field that does not change while the lease is held, cached on first read.
+  #field(name, get) {
+    const c = this.#cache;
+    if (c !== null && name in c) return c[name];
+    if (this.#released) throw releasedError(name);
+    const v = call(get, this.#id);
+    (this.#cache ??= {})[name] = v;
+    return v;
+  }
+
+  /** Release this handle's share; a second call does nothing. */
+  release() {
+    if (this.#released) return;
+    try {
+      call(native.release, this.#id);
+    } finally {
+      // A failed release still ends the handle (the core marks it first).
+      this.#released = true;
+    }
+  }
+
+  /** 'held', 'unlinked' or 'replaced'. */
+  check() {
+    return call(native.check, this.#id);
+  }
+
+  /** Throws the SIDELEASE_LOST error if the lease was lost. */
+  ensureHeld() {
+    call(native.ensureHeld, this.#id);
+  }
+
+  /** Call `callback(message)` on this thread's event loop when the lease is lost. */
+  onLost(callback) {
+    if (typeof callback !== 'function') throw typeError('callback', 'a function', callback);
+    call(native.onLost, this.#id, callback);
+  }
+
+  get released() {
+    return this.#released;
+  }
+
+  /** 'held', 'lost' (see `signal`) or 'released'. */
+  get state() {
+    if (this.#released) return 'released';
+    return call(native.state, this.#id);
+  }
+
+  get lostReason() {
+    if (this.#released) return null;
+    return call(native.lostReason, this.#id);
+  }
+
+  get leasePath() {
+    return this.#field('leasePath', native.leasePath);
+  }
+
+  get target() {
+    return this.#field('target', native.target);
+  }
+
+  get generation() {
+    return this.#field('generation', native.generation);
+  }
+
+  get previousReleasedCleanly() {
+    return this.#field('previousReleasedCleanly', native.previousReleasedCleanly);
+  }
+
+  get recordWritten() {
+    return this.#field('recordWritten', native.recordWritten);
+  }
+
+  /** The record this acquisition wrote (a fresh object on every read). */
+  get record() {
+    return JSON.parse(this.#field('record', native.recordJson));
+  }
+
+  /** The record the previous holder left, or null. */
+  get previous() {
+    return JSON.parse(this.#field('previous', native.previousJson));
+  }
+
   /**
    * An AbortSignal aborted (with a SIDELEASE_LOST error as its reason) when
    * the lease is lost while held. Watching it never keeps the loop alive.
    */
-  signal: {
-    get() {
-      let s = signals.get(this);
-      if (s) return s;
-      const controller = new AbortController();
-      s = controller.signal;
-      signals.set(this, s);
-      const leasePath = this.leasePath;
-      const abort = (message) => {
-        if (!controller.signal.aborted) controller.abort(lostError(message, this.lostReason, leasePath));
-      };
-      if (this.state === 'lost') {
-        try {
-          this.ensureHeld();
-        } catch (err) {
-          controller.abort(err);
-        }
-      } else if (this.state === 'held') {
-        call(() => this.onLost(abort));
+  get signal() {
+    if (this.#signal) return this.#signal;
+    const controller = new AbortController();
+    this.#signal = controller.signal;
+    if (this.#released) return this.#signal;
+    const leasePath = this.leasePath;
+    const abort = (message) => {
+      if (!controller.signal.aborted) controller.abort(lostError(message, this.lostReason, leasePath));
+    };
+    if (this.state === 'lost') {
+      try {
+        this.ensureHeld();
+      } catch (err) {
+        controller.abort(err);
       }
-      return s;
-    },
-    configurable: true,
-  },
-  record: { get() { return JSON.parse(call(() => this.recordJson)); }, configurable: true },
-  previous: { get() { return JSON.parse(call(() => this.previousJson)); }, configurable: true },
-  [dispose]: { value() { this.release(); }, writable: true, configurable: true },
-  [Symbol.for('nodejs.util.inspect.custom')]: {
-    value() {
-      return `Lease { target: '${this.target}', generation: ${this.generation}, ${this.released ? 'released' : 'held'} }`;
-    },
-    configurable: true,
-  },
-});
+    } else {
+      this.onLost(abort);
+    }
+    return this.#signal;
+  }
+
+  [dispose]() {
+    this.release();
+  }
+
+  [Symbol.for('nodejs.util.inspect.custom')]() {
+    const target = this.#cache?.target ?? (this.#released ? '?' : this.target);
+    return `Lease { target: '${target}', ${this.#released ? 'released' : 'held'} }`;
+  }
+}
 
 /** Acquire the lease of `target` (timeout in ms: 0 one attempt, Infinity forever). */
 function acquire(target, options) {
@@ -212,7 +301,7 @@ function acquire(target, options) {
   const o = nativeOptions(options);
   if (options && options.signal) throw typeError('options.signal', 'used with acquireAsync only', options.signal);
   try {
-    return native.acquire(t, o);
+    return new Lease(NEW_LEASE, native.acquire(ENV, t, o));
   } catch (err) {
     throw fromNative(err);
   }
@@ -228,7 +317,7 @@ async function acquireAsync(target, options) {
   const onAbort = () => cancel.cancel();
   if (signal) signal.addEventListener('abort', onAbort, { once: true });
   try {
-    const lease = await native.acquireAsync(t, o, cancel);
+    const lease = new Lease(NEW_LEASE, await native.acquireAsync(ENV, t, o, cancel));
     // The abort came after the native side had the lease but before the
     // promise settled: the caller asked for nothing to be held.
     if (signal && signal.aborted) {

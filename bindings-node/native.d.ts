@@ -8,52 +8,45 @@ export declare class CancelHandle {
 }
 
 /**
- * A handle on a lease. Garbage collection never releases it: a lease lives
- * until `release()`, dispose, or process exit.
+ * Acquire synchronously (a wait blocks only the calling thread); the
+ * handle's number.
  */
-export declare class Lease {
-  /** Release this handle's share; a second call does nothing. */
-  release(): void
-  /** 'held', 'unlinked' or 'replaced'. */
-  check(): string
-  get released(): boolean
-  get leasePath(): string
-  get target(): string
-  /** The record this acquisition wrote, as JSON text. */
-  get recordJson(): string
-  /** The previous holder's record as JSON text ("null" if none). */
-  get previousJson(): string
-  /**
-   * null when the lease file could only be opened read-only (no record
-   * is written, so this is not known).
-   */
-  get previousReleasedCleanly(): boolean | null
-  /**
-   * The fencing token (a JS number: exact up to 2^53); null for a
-   * read-only lease file.
-   */
-  get generation(): number | null
-  /** 'held', 'lost' or 'released'. */
-  get state(): string
-  /** What happened, once the lease was lost (else null). */
-  get lostReason(): string | null
-  /** Throw a SIDELEASE_LOST error if the lease was lost. */
-  ensureHeld(): void
-  /**
-   * Call `callback(message)` on this thread's event loop when the lease
-   * is lost. It never keeps the event loop alive.
-   */
-  onLost(callback: (arg: string) => void): void
-  get recordWritten(): boolean
-}
+export declare function acquire(env: number, target: string, options?: NativeOptions | undefined | null): number
 
-/** Acquire synchronously (a wait blocks only the calling thread). */
-export declare function acquire(target: string, options?: NativeOptions | undefined | null): Lease
+/**
+ * The handle's number, once acquired. A wait of an environment that is
+ * torn down (a terminated worker) is cancelled.
+ */
+export declare function acquireAsync(env: number, target: string, options: NativeOptions | undefined | null, cancel: CancelHandle): Promise<number>
 
-export declare function acquireAsync(target: string, options?: NativeOptions | undefined | null, cancel?: CancelHandle | undefined | null): Promise<Lease>
+/** 'held', 'unlinked' or 'replaced'. */
+export declare function check(handle: number): string
+
+/** Throw a SIDELEASE_LOST error if the lease was lost. */
+export declare function ensureHeld(handle: number): void
+
+/**
+ * Number this JS environment (index.js calls it once as it loads). A
+ * worker's environment releases what it holds when it is torn down.
+ */
+export declare function envOpen(mainThread: boolean): number
+
+/**
+ * The fencing token (a JS number: exact up to 2^53); null for a
+ * read-only lease file.
+ */
+export declare function generation(handle: number): number | null
+
+/** How many handles are kept (for tests: released ones are not). */
+export declare function handleCount(): number
 
 /** The inspection as JSON text (index.js renames the keys to camelCase). */
 export declare function inspectJson(target: string, suffix?: string | undefined | null): string
+
+export declare function leasePath(handle: number): string
+
+/** What happened, once the lease was lost (else null). */
+export declare function lostReason(handle: number): string | null
 
 /**
  * Options as `index.js` passes them (timeout in milliseconds, metadata as
@@ -70,7 +63,35 @@ export interface NativeOptions {
 }
 
 /**
+ * Call `callback(message)` on this thread's event loop when the lease is
+ * lost. It never keeps the event loop alive.
+ */
+export declare function onLost(handle: number, callback: (arg: string) => void): void
+
+/** The previous holder's record as JSON text ("null" if none). */
+export declare function previousJson(handle: number): string
+
+/**
+ * null when the lease file could only be opened read-only (no record is
+ * written, so this is not known).
+ */
+export declare function previousReleasedCleanly(handle: number): boolean | null
+
+/** The record this acquisition wrote, as JSON text. */
+export declare function recordJson(handle: number): string
+
+export declare function recordWritten(handle: number): boolean
+
+/** Release a handle and free it. A second call does nothing. */
+export declare function release(handle: number): void
+
+/**
  * Name the runtime once ("node 20.20.2", "bun 1.4.5"), so calls without
  * options pass nothing from JS at all.
  */
 export declare function setRuntime(runtime: string): void
+
+/** 'held' or 'lost' (index.js knows a released handle itself). */
+export declare function state(handle: number): string
+
+export declare function target(handle: number): string

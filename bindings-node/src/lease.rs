@@ -10,6 +10,7 @@ type LostCallback = ThreadsafeFunction<String, (), String, Status, false, true, 
 use sidelease::{Options, Pending, Wait};
 
 use crate::error::{invalid, IntoJs, Result};
+use crate::handles;
 
 /// Options as `index.js` passes them (timeout in milliseconds, metadata as
 /// JSON text).
@@ -60,12 +61,27 @@ pub fn options(o: Option<NativeOptions>) -> Result<Options> {
     Ok(opts)
 }
 
-/// Acquire synchronously (a wait blocks only the calling thread).
+/// Acquire synchronously (a wait blocks only the calling thread); the
+/// handle's number.
 #[napi]
-pub fn acquire(target: String, options: Option<NativeOptions>) -> Result<Lease> {
+pub fn acquire(env: u32, target: String, options: Option<NativeOptions>) -> Result<f64> {
     let opts = self::options(options)?;
     let lease = Pending::new(target.as_ref(), &opts).js()?.wait(None).js()?;
-    Ok(Lease::new(lease))
+    keep(env, lease)
+}
+
+/// Hand a new lease to JS as a number (`handles`).
+pub fn keep(env: u32, lease: sidelease::Lease) -> Result<f64> {
+    match handles::insert(env, lease) {
+        Ok(id) => Ok(id as f64),
+        Err(lease) => {
+            let lease_path = lease.lease_path().to_path_buf();
+            let _ = lease.release();
+            Err(crate::error::to_js(sidelease::Error::Cancelled {
+                lease_path,
+            }))
+        }
+    }
 }
 
 /// The inspection as JSON text (index.js renames the keys to camelCase).
@@ -78,147 +94,110 @@ pub fn inspect_json(target: String, suffix: Option<String>) -> Result<String> {
     Ok(sidelease::inspect(&target, &opts).js()?.to_json())
 }
 
-/// A handle on a lease. Garbage collection never releases it: a lease lives
-/// until `release()`, dispose, or process exit.
-#[napi]
-pub struct Lease {
-    inner: Option<sidelease::Lease>,
+fn id(n: f64) -> u64 {
+    n as u64
 }
 
-impl Lease {
-    pub fn new(inner: sidelease::Lease) -> Lease {
-        Lease { inner: Some(inner) }
-    }
-
-    fn live(&self) -> Result<&sidelease::Lease> {
-        match &self.inner {
-            Some(l) if !l.is_released() => Ok(l),
-            _ => Err(invalid("lease", "this lease handle was released")),
-        }
-    }
-
-    fn any(&self) -> Result<&sidelease::Lease> {
-        self.inner
-            .as_ref()
-            .ok_or_else(|| invalid("lease", "this lease handle is empty"))
+/// Release a handle and free it. A second call does nothing.
+#[napi]
+pub fn release(handle: f64) -> Result<()> {
+    match handles::remove(id(handle)) {
+        Some(lease) => lease.release().js(),
+        None => Ok(()),
     }
 }
 
+/// 'held', 'unlinked' or 'replaced'.
 #[napi]
-impl Lease {
-    /// Release this handle's share; a second call does nothing.
-    #[napi]
-    pub fn release(&self) -> Result<()> {
-        self.any()?.release().js()
-    }
+pub fn check(handle: f64) -> Result<String> {
+    handles::get(id(handle), |l| Ok(l.check().js()?.as_str().to_string()))
+}
 
-    /// 'held', 'unlinked' or 'replaced'.
-    #[napi]
-    pub fn check(&self) -> Result<String> {
-        Ok(self.live()?.check().js()?.as_str().to_string())
-    }
+#[napi]
+pub fn lease_path(handle: f64) -> Result<String> {
+    handles::get(id(handle), |l| {
+        Ok(l.lease_path().to_string_lossy().into_owned())
+    })
+}
 
-    #[napi(getter)]
-    pub fn released(&self) -> bool {
-        self.inner.as_ref().is_none_or(|l| l.is_released())
-    }
+#[napi]
+pub fn target(handle: f64) -> Result<String> {
+    handles::get(id(handle), |l| {
+        Ok(l.target().to_string_lossy().into_owned())
+    })
+}
 
-    #[napi(getter)]
-    pub fn lease_path(&self) -> Result<String> {
-        Ok(self.any()?.lease_path().to_string_lossy().into_owned())
-    }
+/// The record this acquisition wrote, as JSON text.
+#[napi]
+pub fn record_json(handle: f64) -> Result<String> {
+    handles::get(id(handle), |l| Ok(l.record().to_json()))
+}
 
-    #[napi(getter)]
-    pub fn target(&self) -> Result<String> {
-        Ok(self.any()?.target().to_string_lossy().into_owned())
-    }
-
-    /// The record this acquisition wrote, as JSON text.
-    #[napi(getter)]
-    pub fn record_json(&self) -> Result<String> {
-        Ok(self.any()?.record().to_json())
-    }
-
-    /// The previous holder's record as JSON text ("null" if none).
-    #[napi(getter)]
-    pub fn previous_json(&self) -> Result<String> {
-        Ok(self
-            .any()?
-            .previous()
+/// The previous holder's record as JSON text ("null" if none).
+#[napi]
+pub fn previous_json(handle: f64) -> Result<String> {
+    handles::get(id(handle), |l| {
+        Ok(l.previous()
             .map(|r| r.to_json())
             .unwrap_or_else(|| "null".into()))
-    }
-
-    /// null when the lease file could only be opened read-only (no record
-    /// is written, so this is not known).
-    #[napi(getter)]
-    pub fn previous_released_cleanly(&self) -> Result<Option<bool>> {
-        Ok(self.any()?.previous_released_cleanly())
-    }
-
-    /// The fencing token (a JS number: exact up to 2^53); null for a
-    /// read-only lease file.
-    #[napi(getter)]
-    pub fn generation(&self) -> Result<Option<f64>> {
-        Ok(self.any()?.generation().map(|g| g as f64))
-    }
-
-    /// 'held', 'lost' or 'released'.
-    #[napi(getter)]
-    pub fn state(&self) -> String {
-        match &self.inner {
-            Some(l) => l.state().as_str().to_string(),
-            None => "released".into(),
-        }
-    }
-
-    /// What happened, once the lease was lost (else null).
-    #[napi(getter)]
-    pub fn lost_reason(&self) -> Option<String> {
-        match self.inner.as_ref()?.state() {
-            sidelease::LeaseState::Lost(l) => Some(l.reason),
-            _ => None,
-        }
-    }
-
-    /// Throw a SIDELEASE_LOST error if the lease was lost.
-    #[napi]
-    pub fn ensure_held(&self) -> Result<()> {
-        self.any()?.ensure_held().js()
-    }
-
-    /// Call `callback(message)` on this thread's event loop when the lease
-    /// is lost. It never keeps the event loop alive.
-    #[napi]
-    pub fn on_lost(&self, callback: Function<'_, String, ()>) -> Result<()> {
-        let tsfn: LostCallback = callback
-            .build_threadsafe_function::<String>()
-            .callee_handled::<false>()
-            .weak::<true>()
-            .build()
-            .map_err(|e| invalid("callback", &e.to_string()))?;
-        self.live()?
-            .on_lost(move |lost| {
-                // Closing (its environment was torn down) is fine to ignore.
-                let _ = tsfn.call(lost.to_string(), ThreadsafeFunctionCallMode::NonBlocking);
-            })
-            .js()
-    }
-
-    #[napi(getter)]
-    pub fn record_written(&self) -> Result<bool> {
-        Ok(self.any()?.record_written())
-    }
+    })
 }
 
-impl Drop for Lease {
-    fn drop(&mut self) {
-        // Collected by GC: keep the lease (see DESIGN §4); the core handle is
-        // deliberately leaked so its Drop does not release it.
-        if let Some(l) = self.inner.take() {
-            if !l.is_released() {
-                std::mem::forget(l);
-            }
-        }
-    }
+/// null when the lease file could only be opened read-only (no record is
+/// written, so this is not known).
+#[napi]
+pub fn previous_released_cleanly(handle: f64) -> Result<Option<bool>> {
+    handles::get(id(handle), |l| Ok(l.previous_released_cleanly()))
+}
+
+/// The fencing token (a JS number: exact up to 2^53); null for a
+/// read-only lease file.
+#[napi]
+pub fn generation(handle: f64) -> Result<Option<f64>> {
+    handles::get(id(handle), |l| Ok(l.generation().map(|g| g as f64)))
+}
+
+#[napi]
+pub fn record_written(handle: f64) -> Result<bool> {
+    handles::get(id(handle), |l| Ok(l.record_written()))
+}
+
+/// 'held' or 'lost' (index.js knows a released handle itself).
+#[napi]
+pub fn state(handle: f64) -> Result<String> {
+    handles::get(id(handle), |l| Ok(l.state().as_str().to_string()))
+}
+
+/// What happened, once the lease was lost (else null).
+#[napi]
+pub fn lost_reason(handle: f64) -> Result<Option<String>> {
+    handles::get(id(handle), |l| match l.state() {
+        sidelease::LeaseState::Lost(l) => Ok(Some(l.reason)),
+        _ => Ok(None),
+    })
+}
+
+/// Throw a SIDELEASE_LOST error if the lease was lost.
+#[napi]
+pub fn ensure_held(handle: f64) -> Result<()> {
+    handles::get(id(handle), |l| l.ensure_held().js())
+}
+
+/// Call `callback(message)` on this thread's event loop when the lease is
+/// lost. It never keeps the event loop alive.
+#[napi]
+pub fn on_lost(handle: f64, callback: Function<'_, String, ()>) -> Result<()> {
+    let tsfn: LostCallback = callback
+        .build_threadsafe_function::<String>()
+        .callee_handled::<false>()
+        .weak::<true>()
+        .build()
+        .map_err(|e| invalid("callback", &e.to_string()))?;
+    handles::get(id(handle), |l| {
+        l.on_lost(move |lost| {
+            // Closing (its environment was torn down) is fine to ignore.
+            let _ = tsfn.call(lost.to_string(), ThreadsafeFunctionCallMode::NonBlocking);
+        })
+        .js()
+    })
 }

@@ -2,8 +2,10 @@
 //! options, AbortSignal, `Symbol.dispose` and the error class live there.
 
 mod error;
+mod handles;
 mod lease;
 mod wait;
 
+pub use handles::*;
 pub use lease::*;
 pub use wait::*;

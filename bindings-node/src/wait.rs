@@ -12,7 +12,8 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::Notify;
 
 use crate::error::to_js_async;
-use crate::lease::{options, Lease, NativeOptions};
+use crate::handles;
+use crate::lease::{keep, options, NativeOptions};
 
 /// Cancels one `acquireAsync` (index.js wires it to an AbortSignal).
 #[napi]
@@ -21,9 +22,16 @@ pub struct CancelHandle {
 }
 
 #[derive(Default)]
-struct CancelState {
+pub struct CancelState {
     cancelled: AtomicBool,
     notify: Notify,
+}
+
+impl CancelState {
+    pub fn cancel(&self) {
+        self.cancelled.store(true, Ordering::Release);
+        self.notify.notify_one();
+    }
 }
 
 #[napi]
@@ -38,8 +46,7 @@ impl CancelHandle {
 
     #[napi]
     pub fn cancel(&self) {
-        self.state.cancelled.store(true, Ordering::Release);
-        self.state.notify.notify_one();
+        self.state.cancel();
     }
 }
 
@@ -53,21 +60,30 @@ impl AsRawFd for WatchFd {
     }
 }
 
+/// The handle's number, once acquired. A wait of an environment that is
+/// torn down (a terminated worker) is cancelled.
 #[napi]
 pub async fn acquire_async(
+    env: u32,
     target: String,
     options: Option<NativeOptions>,
-    cancel: Option<&CancelHandle>,
-) -> napi::Result<Lease> {
+    cancel: &CancelHandle,
+) -> napi::Result<f64> {
     let opts = self::options(options)
         .map_err(|e| napi::Error::new(napi::Status::GenericFailure, e.reason))?;
-    let cancel = cancel.map(|c| c.state.clone());
+    let cancel = Some(cancel.state.clone());
     let mut p = Pending::new(target.as_ref(), &opts).map_err(to_js_async)?;
+    if !cancel.as_ref().is_some_and(|c| handles::add_wait(env, c)) {
+        return Err(to_js_async(sidelease::Error::Cancelled {
+            lease_path: p.lease_path().to_path_buf(),
+        }));
+    }
     let deadline = p.deadline();
     let mut watch: Option<AsyncFd<WatchFd>> = None;
     loop {
         if let Some(lease) = p.try_acquire().map_err(to_js_async)? {
-            return Ok(Lease::new(lease));
+            return keep(env, lease)
+                .map_err(|e| napi::Error::new(napi::Status::GenericFailure, e.reason));
         }
         let now = Instant::now();
         let remaining = match deadline {
