@@ -80,6 +80,8 @@ impl Signal {
 }
 
 static HUB: AtomicPtr<Hub> = AtomicPtr::new(ptr::null_mut());
+/// A forked child's inherited hub, kept reachable (never used again).
+static ABANDONED: AtomicPtr<Hub> = AtomicPtr::new(ptr::null_mut());
 /// The descriptors, for the fork child handler to close without a lock.
 static INOTIFY_FD: AtomicI32 = AtomicI32::new(-1);
 static CTL_FD: AtomicI32 = AtomicI32::new(-1);
@@ -416,6 +418,7 @@ pub(crate) fn after_fork_in_child() {
     // SAFETY: a leaked box, never freed; the store is async-signal-safe.
     if let Some(h) = unsafe { old.as_ref() } {
         h.dead.store(true, Ordering::Release);
+        ABANDONED.store(old, Ordering::Release);
     }
     for fd in [&INOTIFY_FD, &CTL_FD] {
         let raw = fd.swap(-1, Ordering::AcqRel);
