@@ -4,7 +4,39 @@
 // into SideleaseError objects with data fields (the one place errors are
 // converted), and adds AbortSignal and Symbol.dispose support.
 
-const native = require(`./sidelease.${process.platform}-${process.arch}-gnu.node`);
+const native = loadAddon();
+
+// The addon: built here from source, or else from the platform package
+// (@sidelease/linux-x64-gnu), an optional dependency npm installs only on
+// the platform it fits.
+function loadAddon() {
+  const platform = `${process.platform}-${process.arch}-${libc()}`;
+  const local = require('node:path').join(__dirname, `sidelease.${platform}.node`);
+  if (require('node:fs').existsSync(local)) return require(local);
+  const pkg = `@sidelease/${platform}`;
+  try {
+    return require(pkg);
+  } catch (err) {
+    if (err.code !== 'MODULE_NOT_FOUND' || !String(err.message).includes(pkg)) throw err;
+    const built = ['linux-x64-gnu'];
+    const hint = built.includes(platform)
+      ? `npm installs it with sidelease as an optional dependency: install again without --omit=optional (or --no-optional)`
+      : `sidelease is built for ${built.join(', ')} only`;
+    const e = new Error(`sidelease: no native addon for ${platform}: the package ${pkg} is not installed (${hint})`);
+    e.code = 'ERR_SIDELEASE_NO_ADDON';
+    throw e;
+  }
+}
+
+function libc() {
+  if (process.platform !== 'linux') return 'unknown';
+  // ldd is a script naming its libc (cheaper than process.report).
+  try {
+    return require('node:fs').readFileSync('/usr/bin/ldd', 'latin1').includes('musl') ? 'musl' : 'gnu';
+  } catch {
+    return 'gnu';
+  }
+}
 
 const RUNTIME = process.versions.bun ? `bun ${process.versions.bun}` : `node ${process.versions.node}`;
 const dispose = Symbol.dispose || Symbol.for('nodejs.dispose');
