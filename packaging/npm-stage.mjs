@@ -2,13 +2,13 @@
 //   DEST/sidelease        the main package: JS, types, no binary; it loads
 //                         the addon from the platform package, an optional
 //                         dependency that npm installs only where it fits
-//   DEST/linux-x64-gnu    @sidelease/linux-x64-gnu: the addon alone, with
+//   DEST/linux-x64-gnu    @sidelease/linux-x64-gnu: the addon (from ADDONS) alone, with
 //                         the os, cpu and libc fields npm matches on
 import fs from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
-const [dest, version] = process.argv.slice(2);
+const [dest, version, addons] = process.argv.slice(2);
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const node = path.join(root, 'bindings-node');
 const main = JSON.parse(fs.readFileSync(path.join(node, 'package.json'), 'utf8'));
@@ -31,7 +31,7 @@ for (const p of PLATFORMS) {
   const dir = path.join(dest, p.dir);
   fs.mkdirSync(dir, { recursive: true });
   const binary = `sidelease.${p.dir}.node`;
-  copy(path.join(node, binary), dir);
+  copy(path.join(addons, binary), dir);
   for (const l of licenses) copy(path.join(root, l), dir);
   fs.writeFileSync(
     path.join(dir, 'README.md'),
