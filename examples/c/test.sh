@@ -2,7 +2,9 @@
 # Installs libsidelease into a temporary prefix, builds the daemon through
 # pkg-config against that install, and checks that a second instance is
 # refused naming the first, and that SIGTERM releases. Extra compiler flags
-# (for example sanitizers) come from SIDELEASE_CFLAGS.
+# (for example sanitizers) come from SIDELEASE_CFLAGS. With SIDELEASE_PREFIX
+# (an unpacked release tarball) it builds against that instead, links the
+# static library too, and needs no Rust toolchain.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -11,12 +13,18 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"; }
 trap cleanup EXIT
 
-make -s -C "$root/bindings-c" install PREFIX="$work/prefix" >/dev/null
-export PKG_CONFIG_PATH="$work/prefix/lib/pkgconfig"
+if [ -n "${SIDELEASE_PREFIX:-}" ]; then
+  prefix=$SIDELEASE_PREFIX
+else
+  make -s -C "$root/bindings-c" install PREFIX="$work/prefix" >/dev/null
+  prefix=$work/prefix
+fi
+export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"
+libdir=$(pkg-config --variable=libdir sidelease)
 test "$(pkg-config --modversion sidelease)" = "$(sed -n 's/^version = "\(.*\)"/\1/p' "$root/Cargo.toml" | head -1)"
 # shellcheck disable=SC2046
 cc -std=c11 -Wall -Werror ${SIDELEASE_CFLAGS:-} "$here/daemon.c" $(pkg-config --cflags --libs sidelease) \
-   -Wl,-rpath,"$work/prefix/lib" -o "$work/daemon"
+   -Wl,-rpath,"$libdir" -o "$work/daemon"
 readelf -d "$work/daemon" | grep -q 'NEEDED.*libsidelease.so.0' || { echo "not linked to the SONAME" >&2; exit 1; }
 
 mkdir "$work/data"
@@ -35,6 +43,22 @@ grep -q "is leased by pid $a (c)" "$work/b.out" || { cat "$work/b.out"; echo "re
 kill -TERM "$a"
 wait "$a"
 grep -q "daemon: released" "$work/a.out"
+if [ -n "${SIDELEASE_PREFIX:-}" ]; then
+  # The static library: no libsidelease at run time.
+  # shellcheck disable=SC2046
+  cc -std=c11 -Wall -Werror "$here/daemon.c" $(pkg-config --cflags sidelease) "$libdir/libsidelease.a" \
+     $(pkg-config --libs-only-l --static sidelease | sed 's/-lsidelease//') -o "$work/daemon-static"
+  if readelf -d "$work/daemon-static" | grep -q 'NEEDED.*libsidelease'; then echo "static build needs libsidelease" >&2; exit 1; fi
+  "$work/daemon-static" "$work/data" >"$work/s.out" 2>&1 &
+  s=$!; pids+=("$s")
+  for _ in $(seq 1 500); do grep -q "owns" "$work/s.out" && break; sleep 0.01; done
+  grep -q "daemon: pid $s owns" "$work/s.out" || { cat "$work/s.out"; echo "static daemon did not start" >&2; exit 1; }
+  kill -TERM "$s"
+  wait "$s"
+  grep -q "daemon: released" "$work/s.out"
+  echo "examples/c (from $prefix): 1 passed, 0 failed"
+  exit 0
+fi
 cargo build --release --quiet --manifest-path "$root/Cargo.toml" -p sidelease-cli
 "$root/target/release/sidelease" status "$work/data" >/dev/null   # exit 0: free
 echo "examples/c: 1 passed, 0 failed"

@@ -141,16 +141,34 @@ async def _wait_readable(loop: asyncio.AbstractEventLoop, fd: Optional[int], del
         loop.remove_reader(fd)
 
 
+_fork_caller: Any = None
+
+
+def _before_fork() -> None:
+    global _fork_caller
+    # The frame that called os.fork() (this hook is called from C).
+    _fork_caller = sys._getframe(1)
+    _native._watch_pause()
+
+
 def _after_fork_in_parent() -> None:
-    # 3.13 counts threads after the after_in_parent hooks: start the watcher
-    # once os.fork() has returned instead.
+    global _fork_caller
+    caller, _fork_caller = _fork_caller, None
+    # 3.13 counts threads after the after_in_parent hooks: start the threads
+    # again once os.fork() has returned to its caller instead.
     if sys.version_info >= (3, 13):
-        _native._watch_resume_soon()
+        _native._watch_resume_soon(caller)
     else:
         _native._watch_resume()
 
 
-# The holder's watcher is a native thread; stop it around os.fork() so the
-# fork does not count it (CPython 3.12+ warns about forking a threaded
-# process). The child never has it: the library's fork handler resets it.
-os.register_at_fork(before=_native._watch_pause, after_in_parent=_after_fork_in_parent)
+def _after_fork_in_child() -> None:
+    global _fork_caller
+    _fork_caller = None
+
+
+# The holder's watcher and the wait hub are native threads; stop them around
+# os.fork() so the fork does not count them (CPython 3.12+ warns about
+# forking a threaded process). The child never has them: the library's fork
+# handler resets them.
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
