@@ -20,7 +20,7 @@ function loadAddon() {
     if (err.code !== 'MODULE_NOT_FOUND' || !String(err.message).includes(pkg)) throw err;
     const built = ['linux-x64-gnu'];
     const hint = built.includes(platform)
-      ? `npm installs it with sidelease as an optional dependency: install again without --omit=optional (or --no-optional)`
+      ? `npm installs it with sidelease as an optional dependency: install again without --omit=optional or --no-optional`
       : `sidelease is built for ${built.join(', ')} only`;
     const e = new Error(`sidelease: no native addon for ${platform}: the package ${pkg} is not installed (${hint})`);
     e.code = 'ERR_SIDELEASE_NO_ADDON';
