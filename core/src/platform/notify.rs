@@ -11,6 +11,11 @@
 //! on, and closes the instance once nothing has waited for a while, so the
 //! slow calls never run on a caller's thread and an idle process keeps no
 //! instance.
+//!
+//! A thread between the kernel and the waiter costs a hand-off of tens of
+//! microseconds, so one wait at a time skips it: the first wait while no
+//! other has it borrows a second instance (the spare) and polls it itself.
+//! A process waiting holds at most these two instances.
 
 use std::collections::HashMap;
 use std::mem::MaybeUninit;
@@ -32,9 +37,11 @@ const MASK: WatchFlags = WatchFlags::CLOSE_WRITE
     .union(WatchFlags::ATTRIB)
     .union(WatchFlags::DONT_FOLLOW);
 
-/// How long the hub's instance outlives the last wait: a service whose
-/// waits come and go keeps it, an idle process gives it back.
-const LINGER: Duration = Duration::from_secs(2);
+/// How long the hub's instance, and the spare, outlive the last wait that
+/// used them: waits that come and go keep them, a process that stopped
+/// waiting gives them back (closing them is the thread's work, so this can
+/// be short).
+const LINGER: Duration = Duration::from_millis(200);
 
 /// How long a watch nobody waits on is kept before it is removed.
 const UNUSED_DELAY: Duration = Duration::from_millis(20);
@@ -61,9 +68,22 @@ struct HubState {
     unused: Vec<(i32, Instant)>,
     /// When the thread means to wake next (`None`: only for an event).
     planned: Option<Instant>,
+    spare: Spare,
     running: bool,
     paused: bool,
     stop: bool,
+}
+
+/// The solo waiter's own instance, lent to one wait at a time.
+#[derive(Default)]
+struct Spare {
+    /// Here while not lent.
+    idle: Option<OwnedFd>,
+    lent: bool,
+    /// Watches the last borrower left on it, and since when: the thread
+    /// removes them off the waiters' threads.
+    leftover: Vec<i32>,
+    returned: Option<Instant>,
 }
 
 /// One waiter's doorbell.
@@ -85,6 +105,7 @@ static ABANDONED: AtomicPtr<Hub> = AtomicPtr::new(ptr::null_mut());
 /// The descriptors, for the fork child handler to close without a lock.
 static INOTIFY_FD: AtomicI32 = AtomicI32::new(-1);
 static CTL_FD: AtomicI32 = AtomicI32::new(-1);
+static SPARE_FD: AtomicI32 = AtomicI32::new(-1);
 static CREATE: Mutex<()> = Mutex::new(());
 
 fn hub() -> Option<&'static Hub> {
@@ -167,57 +188,79 @@ impl Hub {
                         }
                     }
                 }
-                let idle = st.watches.is_empty();
+                // A spare nobody borrowed again is closed (with its
+                // watches), after this lock is let go.
+                let mut unlent = None;
+                if !st.stop && st.spare.returned.is_some_and(|t| now >= t + LINGER) {
+                    SPARE_FD.store(-1, Ordering::Release);
+                    st.spare.returned = None;
+                    st.spare.leftover.clear();
+                    unlent = st.spare.idle.take();
+                }
+                let idle = st.watches.is_empty() && !st.spare.lent;
                 idle_since = if idle {
                     Some(idle_since.unwrap_or(now))
                 } else {
                     None
                 };
                 let close = st.stop || idle_since.is_some_and(|t| now >= t + LINGER);
-                if close || st.inotify.is_none() {
+                let nothing = st.inotify.is_none() && st.spare.idle.is_none() && !st.spare.lent;
+                if close || nothing {
                     // Closing is the slow call: made here, on the way out.
                     // Not when pausing: the thread that pauses waits for this one.
-                    let fd = if idle && !st.stop {
-                        st.inotify.take()
-                    } else {
-                        None
-                    };
-                    if fd.is_some() {
+                    let fds = if idle && !st.stop {
                         INOTIFY_FD.store(-1, Ordering::Release);
-                    }
+                        SPARE_FD.store(-1, Ordering::Release);
+                        (st.inotify.take(), st.spare.idle.take())
+                    } else {
+                        (None, None)
+                    };
                     st.running = false;
                     drop(st);
-                    drop(fd);
+                    drop((fds, unlent));
                     return;
                 }
-                let raw = st.inotify.as_ref().map(|f| f.as_raw_fd()).unwrap_or(-1);
+                let raw = st.inotify.as_ref().map(|f| f.as_raw_fd());
                 let mut wake_at = idle_since.map(|t| t + LINGER);
-                if let Some((_, at)) = st.unused.first() {
-                    let at = *at + UNUSED_DELAY;
+                if st.spare.lent {
+                    // Look now and then instead of being woken when the
+                    // spare comes back: that wake would land in the middle
+                    // of the borrower's hand-off.
+                    wake_at = Some(now + LINGER);
+                }
+                let unused_due = st.unused.first().map(|(_, at)| *at + UNUSED_DELAY);
+                for at in [unused_due, st.spare.returned.map(|t| t + LINGER)]
+                    .into_iter()
+                    .flatten()
+                {
                     wake_at = Some(wake_at.map_or(at, |w| w.min(at)));
                 }
                 st.planned = wake_at;
+                drop(st);
+                drop(unlent);
                 (raw, wake_at.map(|w| w.saturating_duration_since(now)))
             };
             // SAFETY: only this thread closes the instance, and not before
             // this borrow ends.
-            let inotify = unsafe { BorrowedFd::borrow_raw(fd) };
-            let mut fds = [
-                PollFd::new(&inotify, PollFlags::IN),
-                PollFd::new(&self.ctl, PollFlags::IN),
-            ];
+            let inotify = fd.map(|fd| unsafe { BorrowedFd::borrow_raw(fd) });
+            let mut fds = vec![PollFd::new(&self.ctl, PollFlags::IN)];
+            if let Some(i) = &inotify {
+                fds.push(PollFd::new(i, PollFlags::IN));
+            }
             let ts = timeout.map(|t| Timespec {
                 tv_sec: t.as_secs() as i64,
                 tv_nsec: t.subsec_nanos() as _,
             });
             let _ = poll(&mut fds, ts.as_ref());
-            let (events, ctl) = (!fds[0].revents().is_empty(), !fds[1].revents().is_empty());
+            let ctl = !fds[0].revents().is_empty();
+            let events = fds.get(1).is_some_and(|f| !f.revents().is_empty());
+            drop(fds);
             if ctl {
                 let mut b = [0u8; 8];
                 let _ = rustix::io::read(&self.ctl, &mut b);
             }
-            if events {
-                self.dispatch(inotify, &mut buf);
+            if let (true, Some(i)) = (events, inotify) {
+                self.dispatch(i, &mut buf);
             }
         }
     }
@@ -253,28 +296,29 @@ impl Hub {
     }
 }
 
-/// A wait's watch on one lease file. Without inotify (no instance to be
-/// had, or not Linux) it has no descriptor and the waiter falls back to
-/// backoff polling.
+/// A wait's watch on one lease file: on the spare instance it polls itself,
+/// or through the hub. Without inotify (no instance to be had, or not
+/// Linux) it has no descriptor and the waiter falls back to backoff
+/// polling.
 pub struct ChangeWatch {
     hub: Option<&'static Hub>,
+    /// The spare, while this wait has it, and the watches it set on it.
+    direct: Option<OwnedFd>,
+    direct_wds: Vec<i32>,
+    /// Through the hub: this wait's doorbell (made on first use).
     signal: Option<Arc<Signal>>,
+    chosen: bool,
     watched: Option<((u64, u64), i32)>,
 }
 
 impl ChangeWatch {
     pub fn new() -> ChangeWatch {
-        let signal = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
-            .ok()
-            .map(|fd| {
-                Arc::new(Signal {
-                    fd,
-                    stale: AtomicBool::new(false),
-                })
-            });
         ChangeWatch {
             hub: hub(),
-            signal,
+            direct: None,
+            direct_wds: Vec::new(),
+            signal: None,
+            chosen: false,
             watched: None,
         }
     }
@@ -283,19 +327,67 @@ impl ChangeWatch {
     /// watched. Arm before the attempt that may fail, so no release between
     /// the attempt and the wait goes unseen.
     pub fn arm(&mut self, path: &Path, identity: (u64, u64)) {
-        let (Some(hub), Some(signal)) = (self.hub, self.signal.clone()) else {
+        let stale = self
+            .signal
+            .as_ref()
+            .is_some_and(|s| s.stale.load(Ordering::Acquire));
+        if self.watched.is_some_and(|(id, _)| id == identity) && !stale {
             return;
-        };
+        }
+        if let Some(fd) = &self.direct {
+            self.watched = None;
+            // A watch that cannot be set (limit of watches reached):
+            // polling still works, just slower.
+            if let Ok(wd) = inotify::add_watch(fd, path, MASK) {
+                if !self.direct_wds.contains(&wd) {
+                    self.direct_wds.push(wd);
+                }
+                self.watched = Some((identity, wd));
+            }
+            return;
+        }
+        let Some(hub) = self.hub else { return };
         if hub.dead.load(Ordering::Acquire) {
             return;
         }
-        if self.watched.is_some_and(|(id, _)| id == identity)
-            && !signal.stale.load(Ordering::Acquire)
-        {
-            return;
-        }
         let mut st = hub.state();
+        if !std::mem::replace(&mut self.chosen, true) && !st.spare.lent {
+            let spare = match st.spare.idle.take() {
+                Some(fd) => {
+                    SPARE_FD.store(-1, Ordering::Release);
+                    // What the last borrower left: its watches would wake
+                    // this wait for nothing.
+                    for wd in std::mem::take(&mut st.spare.leftover) {
+                        let _ = inotify::remove_watch(&fd, wd);
+                    }
+                    st.spare.returned = None;
+                    drain(fd.as_fd());
+                    Some(fd)
+                }
+                None => inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK).ok(),
+            };
+            if let Some(fd) = spare {
+                st.spare.lent = true;
+                // The thread closes the spare once nobody has used it for a while.
+                hub.ensure_running(&mut st);
+                drop(st);
+                self.direct = Some(fd);
+                return self.arm(path, identity);
+            }
+        }
         self.leave(&mut st);
+        if self.signal.is_none() {
+            let Ok(fd) = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK) else {
+                return;
+            };
+            self.signal = Some(Arc::new(Signal {
+                fd,
+                stale: AtomicBool::new(false),
+            }));
+        }
+        let Some(signal) = self.signal.clone() else {
+            return;
+        };
         signal.stale.store(false, Ordering::Release);
         if st.inotify.is_none() {
             match inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK) {
@@ -318,7 +410,7 @@ impl ChangeWatch {
         hub.ensure_running(&mut st);
     }
 
-    /// Stop waiting on the current watch (state locked).
+    /// Stop waiting on the current watch of the hub (state locked).
     fn leave(&mut self, st: &mut HubState) {
         let (Some((_, wd)), Some(signal), Some(hub)) =
             (self.watched.take(), &self.signal, self.hub)
@@ -342,14 +434,28 @@ impl ChangeWatch {
     /// The descriptor that turns readable when the watched file changed.
     pub fn fd(&self) -> Option<BorrowedFd<'_>> {
         self.watched?;
-        self.signal.as_ref().map(|s| s.fd.as_fd())
+        match &self.direct {
+            Some(fd) => Some(fd.as_fd()),
+            None => self.signal.as_ref().map(|s| s.fd.as_fd()),
+        }
     }
 
     /// Consume pending events, so the next wait sleeps until a new one.
     pub fn clear(&self) {
-        if let Some(s) = &self.signal {
+        if let Some(fd) = &self.direct {
+            drain(fd.as_fd());
+        } else if let Some(s) = &self.signal {
             let mut b = [0u8; 8];
             let _ = rustix::io::read(&s.fd, &mut b);
+        }
+    }
+}
+
+fn drain(fd: BorrowedFd<'_>) {
+    let mut buf = [MaybeUninit::<u8>::uninit(); 1024];
+    while let Ok(n) = rustix::io::read(fd, &mut buf) {
+        if n.0.is_empty() {
+            break;
         }
     }
 }
@@ -363,11 +469,27 @@ impl Default for ChangeWatch {
 impl Drop for ChangeWatch {
     fn drop(&mut self) {
         let Some(hub) = self.hub else { return };
-        if self.watched.is_none() || hub.dead.load(Ordering::Acquire) {
+        if hub.dead.load(Ordering::Acquire) {
             return;
         }
         let mut st = hub.state();
-        self.leave(&mut st);
+        if let Some(fd) = self.direct.take() {
+            // Back to the hub; its watches are removed by the thread.
+            let now = Instant::now();
+            SPARE_FD.store(fd.as_raw_fd(), Ordering::Release);
+            st.spare.idle = Some(fd);
+            st.spare.lent = false;
+            st.spare.leftover.append(&mut self.direct_wds);
+            st.spare.returned = Some(now);
+            if st.planned.is_none_or(|p| p > now + LINGER) {
+                st.planned = Some(now);
+                hub.wake();
+            }
+            return;
+        }
+        if self.watched.is_some() {
+            self.leave(&mut st);
+        }
     }
 }
 
@@ -398,7 +520,7 @@ pub(crate) fn resume() {
     };
     let mut st = h.state();
     st.paused = false;
-    if st.inotify.is_some() {
+    if st.inotify.is_some() || st.spare.idle.is_some() || st.spare.lent {
         h.ensure_running(&mut st);
     }
 }
@@ -420,7 +542,8 @@ pub(crate) fn after_fork_in_child() {
         h.dead.store(true, Ordering::Release);
         ABANDONED.store(old, Ordering::Release);
     }
-    for fd in [&INOTIFY_FD, &CTL_FD] {
+    // (A spare lent to a wait is that wait's own descriptor.)
+    for fd in [&INOTIFY_FD, &CTL_FD, &SPARE_FD] {
         let raw = fd.swap(-1, Ordering::AcqRel);
         if raw >= 0 {
             // SAFETY: our descriptor; close is async-signal-safe.
