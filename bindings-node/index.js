@@ -303,7 +303,9 @@ class Lease {
     if (this.#released) return this.#signal;
     const leasePath = this.leasePath;
     const abort = (message) => {
-      if (!controller.signal.aborted) controller.abort(lostError(message, this.lostReason, leasePath));
+      // A handle released meanwhile wants to hear nothing more.
+      if (this.#released || controller.signal.aborted) return;
+      controller.abort(lostError(message, this.lostReason, leasePath));
     };
     if (this.state === 'lost') {
       try {
@@ -353,7 +355,11 @@ async function acquireAsync(target, options) {
     // The abort came after the native side had the lease but before the
     // promise settled: the caller asked for nothing to be held.
     if (signal && signal.aborted) {
-      lease.release();
+      try {
+        lease.release();
+      } catch {
+        // Released all the same (the handle ends first); the abort is the answer.
+      }
       throw abortError(signal);
     }
     return lease;

@@ -21,7 +21,7 @@ use crate::wait::CancelState;
 #[derive(Default)]
 struct Table {
     next: u64,
-    leases: HashMap<u64, (u32, sidelease::Lease)>,
+    leases: HashMap<u64, (u32, Arc<sidelease::Lease>)>,
     next_env: u32,
     closed: HashSet<u32>,
     waits: HashMap<u32, Vec<Weak<CancelState>>>,
@@ -62,7 +62,7 @@ fn close_env(env: u32) {
             .filter(|(_, (e, _))| *e == env)
             .map(|(id, _)| *id)
             .collect();
-        let leases: Vec<sidelease::Lease> = ids
+        let leases: Vec<Arc<sidelease::Lease>> = ids
             .into_iter()
             .filter_map(|id| t.leases.remove(&id).map(|(_, l)| l))
             .collect();
@@ -85,21 +85,25 @@ pub fn insert(env: u32, lease: sidelease::Lease) -> std::result::Result<u64, sid
         }
         t.next += 1;
         let id = t.next;
-        t.leases.insert(id, (env, lease));
+        t.leases.insert(id, (env, Arc::new(lease)));
         Ok(id)
     })
 }
 
 /// Take a handle out (on release).
-pub fn remove(id: u64) -> Option<sidelease::Lease> {
+pub fn remove(id: u64) -> Option<Arc<sidelease::Lease>> {
     with(|t| t.leases.remove(&id).map(|(_, l)| l))
 }
 
-/// Run `f` on a held handle, or fail naming a released one.
+/// Run `f` on a held handle (outside the table's lock: it may wait for the
+/// lease's own), or fail naming a released one.
 pub fn get<T>(id: u64, f: impl FnOnce(&sidelease::Lease) -> Result<T>) -> Result<T> {
-    let g = table();
-    match g.as_ref().and_then(|t| t.leases.get(&id)) {
-        Some((_, l)) => f(l),
+    let lease = table()
+        .as_ref()
+        .and_then(|t| t.leases.get(&id))
+        .map(|(_, l)| l.clone());
+    match lease {
+        Some(l) => f(&l),
         None => Err(invalid("lease", "this lease handle was released")),
     }
 }
