@@ -553,10 +553,9 @@ impl Pending {
             Some(of) => of.canon.clone(),
             None => self.spelled.lease.clone(),
         };
-        let watch = self.watch.get_or_insert_with(ChangeWatch::new);
-        let before = watch.fd().is_some();
-        watch.arm(&path, key);
-        !before && watch.fd().is_some()
+        self.watch
+            .get_or_insert_with(ChangeWatch::new)
+            .arm(&path, key)
     }
 
     /// Locked and verified: write our record, register, return the handle.

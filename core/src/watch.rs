@@ -105,7 +105,16 @@ fn watcher() -> Option<&'static Watcher> {
         return Some(w);
     }
     forkgate::install();
-    let _g = CREATE.try_lock().ok()?;
+    // try_lock: after a fork the lock may be held by a thread that is gone
+    // (then this lease goes unwatched); a first acquisition in another
+    // thread holds it only for a moment.
+    let _g = (0..1000).find_map(|_| match CREATE.try_lock() {
+        Ok(g) => Some(g),
+        Err(_) => {
+            std::thread::yield_now();
+            None
+        }
+    })?;
     let p = WATCHER.load(Ordering::Acquire);
     // SAFETY: as above.
     if let Some(w) = unsafe { p.as_ref() } {
@@ -470,7 +479,7 @@ pub fn pause() {
     for h in threads {
         let _ = h.join();
     }
-    w.running.store(false, Ordering::Release);
+    // (The thread clears `running` itself, under the lock, as it ends.)
 }
 
 /// Start the watcher thread again if it has an instance (it closes an idle

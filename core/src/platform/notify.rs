@@ -80,8 +80,8 @@ struct Spare {
     /// Here while not lent.
     idle: Option<OwnedFd>,
     lent: bool,
-    /// Watches the last borrower left on it, and since when: the thread
-    /// removes them off the waiters' threads.
+    /// Watches the last borrower left on it, and since when (the next
+    /// borrower removes them; the thread closes a spare nobody borrows).
     leftover: Vec<i32>,
     returned: Option<Instant>,
 }
@@ -268,7 +268,6 @@ impl Hub {
     /// Ring the waiters of every watch that has events.
     fn dispatch(&self, fd: BorrowedFd<'_>, buf: &mut [MaybeUninit<u8>]) {
         let mut reader = inotify::Reader::new(fd, buf);
-        let mut rung: Vec<i32> = Vec::new();
         // Until EAGAIN: drained.
         while let Ok(ev) = reader.next() {
             let (wd, flags) = (ev.wd(), ev.events());
@@ -285,12 +284,10 @@ impl Hub {
                 }
                 continue;
             }
-            // One ring per watch and batch: the waiter drains its counter.
-            if !rung.contains(&wd) {
-                if let Some(waiters) = st.watches.get(&wd) {
-                    waiters.iter().for_each(|s| s.ring());
-                }
-                rung.push(wd);
+            // Every event rings: a waiter may have consumed an earlier ring
+            // and gone back to sleep while this read went on.
+            if let Some(waiters) = st.watches.get(&wd) {
+                waiters.iter().for_each(|s| s.ring());
             }
         }
     }
@@ -308,6 +305,8 @@ pub struct ChangeWatch {
     /// Through the hub: this wait's doorbell (made on first use).
     signal: Option<Arc<Signal>>,
     chosen: bool,
+    /// The spare's watch was dropped by the kernel: arm again.
+    stale: AtomicBool,
     watched: Option<((u64, u64), i32)>,
 }
 
@@ -319,21 +318,30 @@ impl ChangeWatch {
             direct_wds: Vec::new(),
             signal: None,
             chosen: false,
+            stale: AtomicBool::new(false),
             watched: None,
         }
     }
 
     /// Watch the file the path names now, unless that inode is already
     /// watched. Arm before the attempt that may fail, so no release between
-    /// the attempt and the wait goes unseen.
-    pub fn arm(&mut self, path: &Path, identity: (u64, u64)) {
-        let stale = self
-            .signal
-            .as_ref()
-            .is_some_and(|s| s.stale.load(Ordering::Acquire));
-        if self.watched.is_some_and(|(id, _)| id == identity) && !stale {
-            return;
+    /// the attempt and the wait goes unseen: true when a new watch was set
+    /// (the caller attempts once more before it sleeps).
+    pub fn arm(&mut self, path: &Path, identity: (u64, u64)) -> bool {
+        if self.hub.is_some_and(|h| h.dead.load(Ordering::Acquire)) {
+            // Forked while this wait went on: the parent's instances are
+            // the parent's. Start afresh on this process's hub.
+            *self = ChangeWatch::new();
         }
+        let stale = self.stale.load(Ordering::Acquire)
+            || self
+                .signal
+                .as_ref()
+                .is_some_and(|s| s.stale.load(Ordering::Acquire));
+        if self.watched.is_some_and(|(id, _)| id == identity) && !stale {
+            return false;
+        }
+        self.stale.store(false, Ordering::Release);
         if let Some(fd) = &self.direct {
             self.watched = None;
             // A watch that cannot be set (limit of watches reached):
@@ -344,12 +352,9 @@ impl ChangeWatch {
                 }
                 self.watched = Some((identity, wd));
             }
-            return;
+            return self.watched.is_some();
         }
-        let Some(hub) = self.hub else { return };
-        if hub.dead.load(Ordering::Acquire) {
-            return;
-        }
+        let Some(hub) = self.hub else { return false };
         let mut st = hub.state();
         if !std::mem::replace(&mut self.chosen, true) && !st.spare.lent {
             let spare = match st.spare.idle.take() {
@@ -378,7 +383,7 @@ impl ChangeWatch {
         self.leave(&mut st);
         if self.signal.is_none() {
             let Ok(fd) = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK) else {
-                return;
+                return false;
             };
             self.signal = Some(Arc::new(Signal {
                 fd,
@@ -386,7 +391,7 @@ impl ChangeWatch {
             }));
         }
         let Some(signal) = self.signal.clone() else {
-            return;
+            return false;
         };
         signal.stale.store(false, Ordering::Release);
         if st.inotify.is_none() {
@@ -394,20 +399,28 @@ impl ChangeWatch {
                 Ok(fd) => {
                     INOTIFY_FD.store(fd.as_raw_fd(), Ordering::Release);
                     st.inotify = Some(fd);
+                    // A running thread (kept by the spare) polls only what
+                    // it knew of when it went to sleep.
+                    if st.running {
+                        hub.wake();
+                    }
                 }
                 // No instance to be had (the user's limit): poll instead.
-                Err(_) => return,
+                Err(_) => return false,
             }
         }
-        let Some(fd) = &st.inotify else { return };
+        let Some(fd) = &st.inotify else {
+            return false;
+        };
         // A watch that cannot be set (limit of watches reached): polling
         // still works, just slower.
         let Ok(wd) = inotify::add_watch(fd, path, MASK) else {
-            return;
+            return false;
         };
         st.watches.entry(wd).or_default().push(signal);
         self.watched = Some((identity, wd));
         hub.ensure_running(&mut st);
+        true
     }
 
     /// Stop waiting on the current watch of the hub (state locked).
@@ -443,7 +456,17 @@ impl ChangeWatch {
     /// Consume pending events, so the next wait sleeps until a new one.
     pub fn clear(&self) {
         if let Some(fd) = &self.direct {
-            drain(fd.as_fd());
+            // The kernel drops a watch with its inode (IN_IGNORED); a new
+            // file may get the same inode number, so note it and arm again.
+            let mut buf = [MaybeUninit::<u8>::uninit(); 1024];
+            let mut reader = inotify::Reader::new(fd.as_fd(), &mut buf);
+            while let Ok(ev) = reader.next() {
+                if ev.events().contains(ReadFlags::IGNORED)
+                    && self.watched.is_some_and(|(_, wd)| wd == ev.wd())
+                {
+                    self.stale.store(true, Ordering::Release);
+                }
+            }
         } else if let Some(s) = &self.signal {
             let mut b = [0u8; 8];
             let _ = rustix::io::read(&s.fd, &mut b);
@@ -599,6 +622,48 @@ mod tests {
         t.clone().cancel();
         assert!(t.is_cancelled());
         assert!(t.is_cancelled());
+    }
+
+    /// Readable within a few seconds (a thread may stand in between).
+    fn readable(fd: BorrowedFd<'_>) -> bool {
+        let mut fds = [rustix::event::PollFd::new(
+            &fd,
+            rustix::event::PollFlags::IN,
+        )];
+        let t = rustix::event::Timespec {
+            tv_sec: 5,
+            tv_nsec: 0,
+        };
+        rustix::event::poll(&mut fds, Some(&t)).unwrap() == 1
+    }
+
+    #[test]
+    fn a_second_wait_goes_through_the_hub_and_is_woken_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        let f = std::fs::File::create(&p).unwrap();
+        let st = rustix::fs::fstat(&f).unwrap();
+        let id = (st.st_dev, st.st_ino);
+        let (mut first, mut second) = (ChangeWatch::new(), ChangeWatch::new());
+        assert!(first.arm(&p, id), "a new watch");
+        assert!(!first.arm(&p, id), "the same inode: nothing new");
+        assert!(second.arm(&p, id));
+        // Other tests may hold the spare: at least the second is on the hub.
+        assert!(second.direct.is_none());
+        drop(f);
+        assert!(readable(first.fd().unwrap()));
+        assert!(readable(second.fd().unwrap()));
+        second.clear();
+        let zero = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        let fd = second.fd().unwrap();
+        let mut fds = [rustix::event::PollFd::new(
+            &fd,
+            rustix::event::PollFlags::IN,
+        )];
+        assert_eq!(rustix::event::poll(&mut fds, Some(&zero)).unwrap(), 0);
     }
 
     #[test]
