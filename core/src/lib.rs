@@ -37,6 +37,7 @@ pub mod platform;
 mod previous;
 pub mod record;
 mod registry;
+mod service;
 pub mod watch;
 
 pub use acquire::Pending;

@@ -27,12 +27,13 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
-use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
 
 use crate::anchor;
 use crate::forkgate;
 use crate::lease::{Phase, Shared};
+use crate::service::Service;
 
 const MASK: WatchFlags = WatchFlags::ATTRIB
     .union(WatchFlags::MOVE_SELF)
@@ -58,11 +59,8 @@ pub(crate) fn recheck_period() -> Duration {
 const LINGER: Duration = Duration::from_secs(2);
 
 struct Watcher {
-    ctl: OwnedFd,
+    svc: Service,
     state: Mutex<WState>,
-    /// Threads started, joined by `pause` (one that closes the instance on
-    /// its way out may still be running).
-    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     running: AtomicBool,
 }
 
@@ -105,27 +103,18 @@ fn watcher() -> Option<&'static Watcher> {
         return Some(w);
     }
     forkgate::install();
-    // try_lock: after a fork the lock may be held by a thread that is gone
-    // (then this lease goes unwatched); a first acquisition in another
-    // thread holds it only for a moment.
-    let _g = (0..1000).find_map(|_| match CREATE.try_lock() {
-        Ok(g) => Some(g),
-        Err(_) => {
-            std::thread::yield_now();
-            None
-        }
-    })?;
+    // Without it (a fork left it held), this lease goes unwatched.
+    let _g = crate::service::create_lock(&CREATE)?;
     let p = WATCHER.load(Ordering::Acquire);
     // SAFETY: as above.
     if let Some(w) = unsafe { p.as_ref() } {
         return Some(w);
     }
-    let ctl = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).ok()?;
-    CTL_FD.store(ctl.as_raw_fd(), Ordering::Release);
+    let (svc, ctl) = Service::new()?;
+    CTL_FD.store(ctl, Ordering::Release);
     let w: &'static Watcher = Box::leak(Box::new(Watcher {
-        ctl,
+        svc,
         state: Mutex::new(WState::default()),
-        threads: Mutex::new(Vec::new()),
         running: AtomicBool::new(false),
     }));
     WATCHER.store(w as *const Watcher as *mut Watcher, Ordering::Release);
@@ -138,7 +127,7 @@ impl Watcher {
     }
 
     fn wake(&self) {
-        let _ = rustix::io::write(&self.ctl, &1u64.to_ne_bytes());
+        self.svc.wake();
     }
 
     /// The instance, created when there is none (state locked).
@@ -156,16 +145,9 @@ impl Watcher {
         if self.running.load(Ordering::Acquire) || st.paused {
             return;
         }
-        let mut threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
-        threads.retain(|t| !t.is_finished());
         st.stop = false;
-        let spawned = std::thread::Builder::new()
-            .name("sidelease-watch".into())
-            .stack_size(128 * 1024)
-            .spawn(move || self.run());
-        if let Ok(h) = spawned {
+        if self.svc.spawn("sidelease-watch", move || self.run()) {
             self.running.store(true, Ordering::Release);
-            threads.push(h);
         }
     }
 
@@ -282,7 +264,7 @@ impl Watcher {
     fn sleep(&self, inotify: BorrowedFd<'_>, timeout: Option<Duration>) -> Woke {
         let mut fds = [
             PollFd::new(&inotify, PollFlags::IN),
-            PollFd::new(&self.ctl, PollFlags::IN),
+            PollFd::new(&self.svc.ctl, PollFlags::IN),
         ];
         let ts = timeout.map(|t| Timespec {
             tv_sec: t.as_secs().min(i64::MAX as u64) as i64,
@@ -293,8 +275,7 @@ impl Watcher {
             inotify: !fds[0].revents().is_empty(),
         };
         if !fds[1].revents().is_empty() {
-            let mut b = [0u8; 8];
-            let _ = rustix::io::read(&self.ctl, &mut b);
+            self.svc.woken();
         }
         woke
     }
@@ -475,10 +456,7 @@ pub fn pause() {
         st.stop = true;
     }
     w.wake();
-    let threads = std::mem::take(&mut *w.threads.lock().unwrap_or_else(|e| e.into_inner()));
-    for h in threads {
-        let _ = h.join();
-    }
+    w.svc.join_all();
     // (The thread clears `running` itself, under the lock, as it ends.)
 }
 

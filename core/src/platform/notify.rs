@@ -24,7 +24,8 @@ use std::path::Path;
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::thread::JoinHandle;
+
+use crate::service::Service;
 use std::time::{Duration, Instant};
 
 use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
@@ -47,11 +48,8 @@ const LINGER: Duration = Duration::from_millis(200);
 const UNUSED_DELAY: Duration = Duration::from_millis(20);
 
 struct Hub {
-    ctl: OwnedFd,
+    svc: Service,
     state: Mutex<HubState>,
-    /// Threads started, joined by `pause` (a thread that closes the
-    /// instance on its way out may still be running).
-    threads: Mutex<Vec<JoinHandle<()>>>,
     /// Set in a forked child for a hub inherited from the parent: its
     /// descriptors are closed and nothing may use it.
     dead: AtomicBool,
@@ -114,25 +112,17 @@ fn hub() -> Option<&'static Hub> {
         return Some(h);
     }
     crate::forkgate::install();
-    // try_lock: after a fork the lock may be held by a thread that is gone
-    // (then this wait polls).
-    let _g = (0..1000).find_map(|_| match CREATE.try_lock() {
-        Ok(g) => Some(g),
-        Err(_) => {
-            std::thread::yield_now();
-            None
-        }
-    })?;
+    // Without it (a fork left it held), this wait polls.
+    let _g = crate::service::create_lock(&CREATE)?;
     // SAFETY: as above.
     if let Some(h) = unsafe { HUB.load(Ordering::Acquire).as_ref() } {
         return Some(h);
     }
-    let ctl = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).ok()?;
-    CTL_FD.store(ctl.as_raw_fd(), Ordering::Release);
+    let (svc, ctl) = Service::new()?;
+    CTL_FD.store(ctl, Ordering::Release);
     let h: &'static Hub = Box::leak(Box::new(Hub {
-        ctl,
+        svc,
         state: Mutex::new(HubState::default()),
-        threads: Mutex::new(Vec::new()),
         dead: AtomicBool::new(false),
     }));
     HUB.store(h as *const Hub as *mut Hub, Ordering::Release);
@@ -145,7 +135,7 @@ impl Hub {
     }
 
     fn wake(&self) {
-        let _ = rustix::io::write(&self.ctl, &1u64.to_ne_bytes());
+        self.svc.wake();
     }
 
     /// Start the thread unless it runs (called with the state locked).
@@ -153,17 +143,8 @@ impl Hub {
         if st.running || st.paused {
             return;
         }
-        let mut threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
-        threads.retain(|t| !t.is_finished());
         st.stop = false;
-        let spawned = std::thread::Builder::new()
-            .name("sidelease-wait".into())
-            .stack_size(128 * 1024)
-            .spawn(move || self.run());
-        if let Ok(t) = spawned {
-            st.running = true;
-            threads.push(t);
-        }
+        st.running = self.svc.spawn("sidelease-wait", move || self.run());
     }
 
     fn run(&'static self) {
@@ -243,7 +224,7 @@ impl Hub {
             // SAFETY: only this thread closes the instance, and not before
             // this borrow ends.
             let inotify = fd.map(|fd| unsafe { BorrowedFd::borrow_raw(fd) });
-            let mut fds = vec![PollFd::new(&self.ctl, PollFlags::IN)];
+            let mut fds = vec![PollFd::new(&self.svc.ctl, PollFlags::IN)];
             if let Some(i) = &inotify {
                 fds.push(PollFd::new(i, PollFlags::IN));
             }
@@ -256,8 +237,7 @@ impl Hub {
             let events = fds.get(1).is_some_and(|f| !f.revents().is_empty());
             drop(fds);
             if ctl {
-                let mut b = [0u8; 8];
-                let _ = rustix::io::read(&self.ctl, &mut b);
+                self.svc.woken();
             }
             if let (true, Some(i)) = (events, inotify) {
                 self.dispatch(i, &mut buf);
@@ -529,10 +509,7 @@ pub(crate) fn pause() {
         st.stop = true;
     }
     h.wake();
-    let threads = std::mem::take(&mut *h.threads.lock().unwrap_or_else(|e| e.into_inner()));
-    for t in threads {
-        let _ = t.join();
-    }
+    h.svc.join_all();
 }
 
 /// Start the hub's thread again if anything waits.

@@ -1,0 +1,79 @@
+//! What the library's two threads (the holder's watch, `watch.rs`, and the
+//! wait hub, `platform::notify`) have in common: an eventfd that wakes the
+//! thread, the handles of the threads started (joined before a fork, since
+//! one that closes an instance on its way out may still run), and creating
+//! the leaked singleton that owns them without ever blocking on a lock a
+//! vanished thread may hold after a fork.
+
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::{Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use rustix::event::{eventfd, EventfdFlags};
+
+pub(crate) struct Service {
+    pub(crate) ctl: OwnedFd,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Service {
+    /// A new service and its eventfd's number (for a fork child handler).
+    pub(crate) fn new() -> Option<(Service, RawFd)> {
+        let ctl = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).ok()?;
+        let raw = ctl.as_raw_fd();
+        let svc = Service {
+            ctl,
+            threads: Mutex::new(Vec::new()),
+        };
+        Some((svc, raw))
+    }
+
+    pub(crate) fn wake(&self) {
+        let _ = rustix::io::write(&self.ctl, &1u64.to_ne_bytes());
+    }
+
+    /// Consume the wake-ups (after the thread's poll saw the eventfd).
+    pub(crate) fn woken(&self) {
+        let mut b = [0u8; 8];
+        let _ = rustix::io::read(&self.ctl, &mut b);
+    }
+
+    /// Start a thread: named, on a small stack, its handle kept. False if
+    /// it could not be started.
+    pub(crate) fn spawn(&self, name: &str, f: impl FnOnce() + Send + 'static) -> bool {
+        let mut threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
+        threads.retain(|t| !t.is_finished());
+        let spawned = std::thread::Builder::new()
+            .name(name.into())
+            .stack_size(128 * 1024)
+            .spawn(f);
+        match spawned {
+            Ok(t) => {
+                threads.push(t);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Wait for every thread started to end (told to stop beforehand).
+    pub(crate) fn join_all(&self) {
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        for t in threads {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The lock that guards creating a singleton. try_lock, briefly: after a
+/// fork it may be held by a thread that is gone (then the caller does
+/// without), while another thread holds it only for a moment.
+pub(crate) fn create_lock(m: &'static Mutex<()>) -> Option<MutexGuard<'static, ()>> {
+    (0..1000).find_map(|_| match m.try_lock() {
+        Ok(g) => Some(g),
+        Err(_) => {
+            std::thread::yield_now();
+            None
+        }
+    })
+}
