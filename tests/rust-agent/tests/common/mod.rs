@@ -27,12 +27,22 @@ impl Agent {
     }
 
     pub fn spawn_cmd(mut cmd: Command) -> Agent {
-        let mut child = cmd
-            .stdin(Stdio::piped())
+        cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn agent");
+            .stderr(Stdio::inherit());
+        // A copy of the agent just written (reachable_agent) is "busy" while
+        // a child forked by another test thread still holds the writer's
+        // descriptor, until that child execs: try again shortly.
+        let mut tries = 0;
+        let mut child = loop {
+            match cmd.spawn() {
+                Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && tries < 100 => {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                r => break r.expect("spawn agent"),
+            }
+        };
         let stdin = child.stdin.take().unwrap();
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = channel();
