@@ -120,7 +120,8 @@ fn run_child(a: &HoldArgs, lease: &Lease) -> ExitCode {
     let mut cmd = std::process::Command::new(&a.command[0]);
     cmd.args(&a.command[1..]);
     cmd.env("SIDELEASE_LEASE_PATH", lease.lease_path());
-    let inherited = if a.no_inherit {
+    // A PostgreSQL lease lives in this process's session: nothing to hand on.
+    let inherited = if a.no_inherit || lease.is_postgres() {
         None
     } else {
         match lease.inheritable_fd() {

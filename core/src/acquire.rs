@@ -1,6 +1,6 @@
 //! Acquiring a lease (DESIGN §3) and waiting for it on kernel events (§5).
 //!
-//! [`Pending`] is one acquisition in progress. `try_acquire` makes one
+//! [`FilePending`] is one acquisition of a lease file in progress. `try_acquire` makes one
 //! non-blocking attempt; between attempts a waiter sleeps on `wait_fd` (an
 //! inotify watch that turns readable when a holder's descriptor closes) for at
 //! most `next_check`. The blocking `wait` does exactly that with `poll`, and
@@ -27,7 +27,7 @@ use crate::holders;
 use crate::lease::{write_padded, Anchor, Lease, Shared, SharedInit};
 use crate::options::{Options, Wait};
 use crate::path::{self, Spelled};
-use crate::platform::notify::{CancelToken, ChangeWatch};
+use crate::platform::notify::ChangeWatch;
 use crate::platform::{fskind, process};
 use crate::previous::{next_generation, stat_with_age, vouched_for, young};
 use crate::record::{self, Content, Record};
@@ -143,8 +143,8 @@ enum Opened {
 /// creating and removing it as fast as this one looks).
 const MAX_CREATE_RACES: u32 = 1000;
 
-/// One acquisition in progress.
-pub struct Pending {
+/// One acquisition of a lease file in progress.
+pub(crate) struct FilePending {
     spelled: Spelled,
     opts: Options,
     id: u64,
@@ -160,12 +160,12 @@ pub struct Pending {
     grace_spent: Duration,
 }
 
-impl Pending {
+impl FilePending {
     /// Validate the request and spell the lease path.
-    pub fn new(target: &Path, options: &Options) -> Result<Pending> {
+    pub fn new(target: &Path, options: &Options) -> Result<FilePending> {
         options.validate()?;
         let spelled = path::spell(target, &options.suffix)?;
-        Ok(Pending {
+        Ok(FilePending {
             spelled,
             opts: options.clone(),
             id: registry::attempt_id(),
@@ -723,70 +723,6 @@ impl Pending {
             Wait::Timeout(d) => self.started.checked_add(d),
             Wait::Forever => None,
         }
-    }
-
-    /// Whether this acquisition may wait at all.
-    pub fn waits(&self) -> bool {
-        self.opts.wait != Wait::NoWait
-    }
-
-    /// Wait as the options say, on kernel events, until acquired, timed out
-    /// or cancelled.
-    pub fn wait(mut self, cancel: Option<&CancelToken>) -> Result<Lease> {
-        let deadline = self.deadline();
-        loop {
-            if let Some(c) = cancel {
-                if c.is_cancelled() {
-                    return Err(Error::Cancelled {
-                        lease_path: self.lease_path().to_path_buf(),
-                    });
-                }
-            }
-            if let Some(lease) = self.try_acquire()? {
-                return Ok(lease);
-            }
-            let now = Instant::now();
-            let remaining = match deadline {
-                Some(d) if now >= d => {
-                    return Err(self.contention_error(self.opts.wait != Wait::NoWait))
-                }
-                Some(d) => d - now,
-                None => Duration::MAX,
-            };
-            let sleep = self.next_check().min(remaining);
-            if self.wait_for_change(sleep, cancel)? {
-                self.woke();
-            }
-        }
-    }
-
-    /// Sleep until the watch fires (true), the time passes (false) or the
-    /// token is cancelled (error). For bindings that loop themselves (to
-    /// check for signals between short sleeps, say); call `woke` after true.
-    pub fn wait_for_change(&self, timeout: Duration, cancel: Option<&CancelToken>) -> Result<bool> {
-        use rustix::event::{poll, PollFd, PollFlags, Timespec};
-        let ts = Timespec {
-            tv_sec: timeout.as_secs().min(i64::MAX as u64) as i64,
-            tv_nsec: timeout.subsec_nanos() as _,
-        };
-        let watch = self.wait_fd();
-        let mut fds = Vec::with_capacity(2);
-        if let Some(w) = watch {
-            fds.push(PollFd::from_borrowed_fd(w, PollFlags::IN));
-        }
-        if let Some(c) = cancel {
-            fds.push(PollFd::from_borrowed_fd(c.fd(), PollFlags::IN));
-        }
-        match poll(&mut fds, Some(&ts)) {
-            Ok(_) | Err(Errno::INTR) => {}
-            Err(e) => return Err(Error::io("poll", self.lease_path(), e)),
-        }
-        if cancel.is_some() && fds.last().is_some_and(|f| !f.revents().is_empty()) {
-            return Err(Error::Cancelled {
-                lease_path: self.lease_path().to_path_buf(),
-            });
-        }
-        Ok(watch.is_some() && !fds[0].revents().is_empty())
     }
 }
 

@@ -178,7 +178,11 @@ impl fmt::Display for Contention {
                 write!(f, " (holder record empty or unreadable)")?;
             }
         }
-        write!(f, " [lease file {}]", self.lease_path.display())
+        if crate::pg::is_target(&self.lease_path) {
+            write!(f, " [lease {}]", self.lease_path.display())
+        } else {
+            write!(f, " [lease file {}]", self.lease_path.display())
+        }
     }
 }
 

@@ -74,5 +74,6 @@ extern "C" fn child() {
     FORKING.store(0, SeqCst);
     crate::registry::after_fork_in_child();
     crate::watch::after_fork_in_child();
+    crate::pg::after_fork_in_child();
     crate::platform::process::forget_pid_after_fork();
 }

@@ -97,6 +97,18 @@ pub struct Inspection {
     pub record_status: RecordStatus,
     pub orphans: Vec<Orphan>,
     pub unattributed: usize,
+    /// For a PostgreSQL lease: the server session holding the lock.
+    pub server: Option<ServerHolder>,
+}
+
+/// The server session holding a PostgreSQL lease, as `pg_locks` and
+/// `pg_stat_activity` show it (client address and application name only
+/// where this user may see them).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ServerHolder {
+    pub backend_pid: u32,
+    pub client_addr: Option<String>,
+    pub application_name: Option<String>,
 }
 
 impl Inspection {
@@ -107,7 +119,7 @@ impl Inspection {
         let value = |v: serde_json::Result<String>| v.unwrap_or_else(|_| "null".into());
         format!(
             "{{\"target\":{},\"lease_path\":{},\"state\":\"{}\",\"holders\":{},\"record\":{},\
-             \"record_status\":\"{}\",\"orphans\":{},\"unattributed\":{}}}",
+             \"record_status\":\"{}\",\"orphans\":{},\"unattributed\":{},\"server\":{}}}",
             record::json_path(self.target.as_os_str().as_bytes()),
             record::json_path(self.lease_path.as_os_str().as_bytes()),
             self.state.as_str(),
@@ -116,6 +128,7 @@ impl Inspection {
             self.record_status.as_str(),
             value(serde_json::to_string(&self.orphans)),
             self.unattributed,
+            value(serde_json::to_string(&self.server)),
         )
     }
 }
@@ -132,6 +145,9 @@ struct Found {
 /// Inspect the lease of `target` (only `options.suffix` is used).
 pub fn inspect(target: impl AsRef<Path>, options: &Options) -> Result<Inspection> {
     options.validate()?;
+    if crate::pg::is_target(target.as_ref()) {
+        return crate::pg::inspect(target.as_ref());
+    }
     let spelled = path::spell(target.as_ref(), &options.suffix)?;
     let found = read_lease_file(&spelled)?;
     let lp = &found.lease_path;
@@ -147,6 +163,7 @@ pub fn inspect(target: impl AsRef<Path>, options: &Options) -> Result<Inspection
         record_status: RecordStatus::Unknown,
         orphans: Vec::new(),
         unattributed: 0,
+        server: None,
     };
     let kernel = found
         .kernel_dev

@@ -8,9 +8,9 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use rustix::fs::FlockOperation;
 
 use crate::access::Access;
-use crate::acquire::Pending;
 use crate::error::{Error, Lost, Result};
 use crate::options::Options;
+use crate::pending::Pending;
 use crate::platform::notify::CancelToken;
 use crate::platform::process;
 use crate::record::{self, Content, Record};
@@ -78,6 +78,8 @@ pub(crate) struct Shared {
     handles: AtomicUsize,
     state: Mutex<State>,
     lost_fd: OnceLock<OwnedFd>,
+    /// A lease on a PostgreSQL server: its session's thread (no anchors).
+    pub pg: Option<crate::pg::Link>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -119,6 +121,55 @@ impl Shared {
                 contended_by: None,
             }),
             lost_fd: OnceLock::new(),
+            pg: None,
+        }
+    }
+
+    /// A PostgreSQL lease: no lease file, the session is the lock.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn new_pg(
+        shown: PathBuf,
+        record: Record,
+        previous: Content,
+        link: crate::pg::Link,
+    ) -> Shared {
+        Shared {
+            epoch: registry::epoch(),
+            target: shown.clone(),
+            lease_path: shown,
+            record,
+            previous,
+            writable: true,
+            access: Access {
+                mode: 0,
+                umask: false,
+                owner: None,
+            },
+            handles: AtomicUsize::new(1),
+            state: Mutex::new(State {
+                anchors: Vec::new(),
+                phase: Phase::Held,
+                inherited: None,
+                callbacks: Vec::new(),
+                failing_since: None,
+                contended_since: None,
+                contended_by: None,
+            }),
+            lost_fd: OnceLock::new(),
+            pg: Some(link),
+        }
+    }
+
+    /// One handle fewer; true for the last one.
+    pub(crate) fn drop_handle(&self) -> bool {
+        self.handles.fetch_sub(1, Ordering::AcqRel) == 1
+    }
+
+    /// Wake whoever waits on the lost descriptor.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn ring_lost_fd(&self) {
+        if let Some(fd) = self.lost_fd.get() {
+            let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
         }
     }
 
@@ -251,9 +302,12 @@ impl Lease {
             return Ok(());
         }
         let s = &self.shared;
+        if let Some(link) = &s.pg {
+            return crate::pg::release(s, link);
+        }
         let reg = registry::get();
         let mut g = reg.lock();
-        if s.handles.fetch_sub(1, Ordering::AcqRel) != 1 {
+        if !s.drop_handle() {
             return Ok(());
         }
         g.forget(s);
@@ -335,6 +389,13 @@ impl Lease {
     /// Does the lease path still name a file this lease has locked?
     pub fn check(&self) -> Result<Check> {
         let s = self.live()?;
+        if s.pg.is_some() {
+            // No path to name the lock: the session is the lease.
+            return match &s.state().phase {
+                Phase::Lost(l) => Err(Error::Lost(Box::new(l.clone()))),
+                _ => Ok(Check::Held),
+            };
+        }
         let path = &s.lease_path;
         match rustix::fs::lstat(path) {
             Ok(st) => {
@@ -420,6 +481,12 @@ impl Lease {
         Ok(())
     }
 
+    /// Whether this lease lives on a PostgreSQL server (its `lease_path`
+    /// and `target` are then the URL, password masked).
+    pub fn is_postgres(&self) -> bool {
+        self.shared.pg.is_some()
+    }
+
     pub fn lease_path(&self) -> &Path {
         &self.shared.lease_path
     }
@@ -481,6 +548,12 @@ impl Lease {
     /// only if no process holds the lease file any more.
     pub fn inheritable_fd(&self) -> Result<OwnedFd> {
         let s = self.live()?;
+        if s.pg.is_some() {
+            return Err(Error::invalid(
+                "lease",
+                "a PostgreSQL lease has no descriptor to hand on: its session lives in this process",
+            ));
+        }
         let mut st = s.state();
         let a = st
             .anchors

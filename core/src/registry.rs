@@ -358,3 +358,18 @@ pub(crate) fn close_listed(fd: RawFd, slot: u32) {
         }
     })
 }
+
+/// Unlist a descriptor listed by `open_listed` whose owner `obj` closes it
+/// when dropped (a socket inside an async stream): dropped inside the
+/// window; leaked in a forked child, where the fork handler closed the
+/// descriptor already and its number may name something else now.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) fn close_listed_by<T>(fd: RawFd, slot: u32, obj: T) {
+    forkgate::window(|| {
+        if get().release_slot(slot, fd) {
+            drop(obj);
+        } else {
+            std::mem::forget(obj);
+        }
+    })
+}

@@ -1,0 +1,184 @@
+//! [`Pending`]: one acquisition in progress, of a lease file or of a
+//! PostgreSQL lease, driven the same way by every binding: `try_acquire`,
+//! then sleep on `wait_fd` for at most `next_check`, until `deadline`.
+
+use std::os::fd::BorrowedFd;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use rustix::io::Errno;
+
+use crate::acquire::FilePending;
+use crate::error::{Error, Result};
+use crate::lease::Lease;
+use crate::options::{Options, Wait};
+use crate::pg;
+use crate::platform::notify::CancelToken;
+
+enum Inner {
+    File(FilePending),
+    Pg(pg::Attempt),
+}
+
+/// One acquisition in progress.
+pub struct Pending {
+    inner: Inner,
+    wait: Wait,
+}
+
+impl Pending {
+    /// Validate the request and spell the lease path (or parse the
+    /// PostgreSQL URL and start connecting).
+    pub fn new(target: &Path, options: &Options) -> Result<Pending> {
+        options.validate()?;
+        let inner = if pg::is_target(target) {
+            Inner::Pg(pg::attempt(target, options)?)
+        } else {
+            Inner::File(FilePending::new(target, options)?)
+        };
+        Ok(Pending {
+            inner,
+            wait: options.wait,
+        })
+    }
+
+    /// The lease file's path (canonical once it was opened); for a
+    /// PostgreSQL lease, its URL with the password masked.
+    pub fn lease_path(&self) -> &Path {
+        match &self.inner {
+            Inner::File(f) => f.lease_path(),
+            Inner::Pg(p) => p.shown(),
+        }
+    }
+
+    /// The path the caller protects (the URL for a PostgreSQL lease).
+    pub fn target(&self) -> PathBuf {
+        match &self.inner {
+            Inner::File(f) => f.target(),
+            Inner::Pg(p) => p.shown().to_path_buf(),
+        }
+    }
+
+    /// One non-blocking attempt. `Ok(None)`: someone else holds the lease
+    /// (or a young lease file is being given its grace, or the PostgreSQL
+    /// server has not answered yet).
+    pub fn try_acquire(&mut self) -> Result<Option<Lease>> {
+        match &mut self.inner {
+            Inner::File(f) => f.try_acquire(),
+            Inner::Pg(p) => p.try_acquire(),
+        }
+    }
+
+    /// The descriptor that turns readable when it is worth another attempt,
+    /// or `None` when the waiter must poll (no inotify instance to be had).
+    pub fn wait_fd(&self) -> Option<BorrowedFd<'_>> {
+        match &self.inner {
+            Inner::File(f) => f.wait_fd(),
+            Inner::Pg(p) => Some(p.wait_fd()),
+        }
+    }
+
+    /// How long to sleep before the next attempt if no event comes.
+    pub fn next_check(&mut self) -> Duration {
+        match &mut self.inner {
+            Inner::File(f) => f.next_check(),
+            Inner::Pg(p) => p.next_check(),
+        }
+    }
+
+    /// Note that `wait_fd` turned readable.
+    pub fn woke(&mut self) {
+        if let Inner::File(f) = &mut self.inner {
+            f.woke();
+        }
+    }
+
+    /// How long this acquisition has been going.
+    pub fn elapsed(&self) -> Duration {
+        match &self.inner {
+            Inner::File(f) => f.elapsed(),
+            Inner::Pg(p) => p.elapsed(),
+        }
+    }
+
+    /// The in-use error for the current holder, or a timeout error when
+    /// `timed_out`.
+    pub fn contention_error(&self, timed_out: bool) -> Error {
+        match &self.inner {
+            Inner::File(f) => f.contention_error(timed_out),
+            Inner::Pg(p) => p.contention_error(timed_out),
+        }
+    }
+
+    /// When the caller should give up (`None`: never, or, for a PostgreSQL
+    /// lease, when `try_acquire` says so: the server keeps its time).
+    pub fn deadline(&self) -> Option<Instant> {
+        match &self.inner {
+            Inner::File(f) => f.deadline(),
+            Inner::Pg(_) => None,
+        }
+    }
+
+    /// Whether this acquisition may wait at all.
+    pub fn waits(&self) -> bool {
+        self.wait != Wait::NoWait
+    }
+
+    /// Wait as the options say, on kernel events (or the server's answer),
+    /// until acquired, timed out or cancelled.
+    pub fn wait(mut self, cancel: Option<&CancelToken>) -> Result<Lease> {
+        let deadline = self.deadline();
+        loop {
+            if let Some(c) = cancel {
+                if c.is_cancelled() {
+                    return Err(Error::Cancelled {
+                        lease_path: self.lease_path().to_path_buf(),
+                    });
+                }
+            }
+            if let Some(lease) = self.try_acquire()? {
+                return Ok(lease);
+            }
+            let now = Instant::now();
+            let remaining = match deadline {
+                Some(d) if now >= d => return Err(self.contention_error(self.waits())),
+                Some(d) => d - now,
+                None => Duration::MAX,
+            };
+            let sleep = self.next_check().min(remaining);
+            if self.wait_for_change(sleep, cancel)? {
+                self.woke();
+            }
+        }
+    }
+
+    /// Sleep until the wait descriptor fires (true), the time passes
+    /// (false) or the token is cancelled (error). For bindings that loop
+    /// themselves (to check for signals between short sleeps, say); call
+    /// `woke` after true.
+    pub fn wait_for_change(&self, timeout: Duration, cancel: Option<&CancelToken>) -> Result<bool> {
+        use rustix::event::{poll, PollFd, PollFlags, Timespec};
+        let ts = Timespec {
+            tv_sec: timeout.as_secs().min(i64::MAX as u64) as i64,
+            tv_nsec: timeout.subsec_nanos() as _,
+        };
+        let watch = self.wait_fd();
+        let mut fds = Vec::with_capacity(2);
+        if let Some(w) = watch {
+            fds.push(PollFd::from_borrowed_fd(w, PollFlags::IN));
+        }
+        if let Some(c) = cancel {
+            fds.push(PollFd::from_borrowed_fd(c.fd(), PollFlags::IN));
+        }
+        match poll(&mut fds, Some(&ts)) {
+            Ok(_) | Err(Errno::INTR) => {}
+            Err(e) => return Err(Error::io("poll", self.lease_path(), e)),
+        }
+        if cancel.is_some() && fds.last().is_some_and(|f| !f.revents().is_empty()) {
+            return Err(Error::Cancelled {
+                lease_path: self.lease_path().to_path_buf(),
+            });
+        }
+        Ok(watch.is_some() && !fds[0].revents().is_empty())
+    }
+}

@@ -1,0 +1,176 @@
+//! One acquisition of a PostgreSQL lease in progress, as `Pending` drives
+//! it: its thread does the work and rings an eventfd when it is over, so a
+//! blocking caller polls that descriptor and an event loop watches it.
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rustix::event::{eventfd, EventfdFlags};
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::local;
+use super::session::{self, Cmd};
+use super::target::Target;
+use crate::error::{Contention, Error, Result};
+use crate::lease::Lease;
+use crate::options::Options;
+
+/// Where the thread leaves the outcome.
+pub(crate) struct Slot {
+    state: Mutex<SlotState>,
+    fd: OwnedFd,
+}
+
+#[derive(Default)]
+struct SlotState {
+    outcome: Option<Result<Lease>>,
+    /// The caller gave the acquisition up.
+    abandoned: bool,
+}
+
+impl Slot {
+    fn state(&self) -> std::sync::MutexGuard<'_, SlotState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn ring(&self) {
+        let _ = rustix::io::write(&self.fd, &1u64.to_ne_bytes());
+    }
+
+    /// Leave an outcome (a lease nobody takes any more is dropped, which
+    /// releases it).
+    pub(crate) fn finish(&self, outcome: Result<Lease>) {
+        let mut st = self.state();
+        if st.abandoned {
+            drop(st);
+            drop(outcome);
+            return;
+        }
+        st.outcome = Some(outcome);
+        drop(st);
+        self.ring();
+    }
+
+    /// Leave the lease `make` lists, unless the caller gave up (false).
+    pub(crate) fn finish_with(&self, make: impl FnOnce() -> Lease) -> bool {
+        let mut st = self.state();
+        if st.abandoned {
+            return false;
+        }
+        st.outcome = Some(Ok(make()));
+        drop(st);
+        self.ring();
+        true
+    }
+}
+
+pub(crate) struct Attempt {
+    target: Arc<Target>,
+    slot: Arc<Slot>,
+    tx: UnboundedSender<Cmd>,
+    ended: bool,
+    contention: Option<Contention>,
+    started: Instant,
+}
+
+impl Attempt {
+    pub(crate) fn new(url: &str, options: &Options) -> Result<Attempt> {
+        let target = Arc::new(Target::parse(url)?);
+        let fd = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
+            .map_err(|e| Error::io("eventfd", Path::new(&target.shown), e))?;
+        let slot = Arc::new(Slot {
+            state: Mutex::new(SlotState::default()),
+            fd,
+        });
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let started = Instant::now();
+        if let Some(lease) = local::share(&target.identity) {
+            slot.finish(Ok(lease));
+        } else {
+            session::spawn(
+                target.clone(),
+                options.clone(),
+                started,
+                slot.clone(),
+                tx.clone(),
+                rx,
+            )?;
+        }
+        Ok(Attempt {
+            target,
+            slot,
+            tx,
+            ended: false,
+            contention: None,
+            started,
+        })
+    }
+
+    pub(crate) fn shown(&self) -> &Path {
+        Path::new(&self.target.shown)
+    }
+
+    /// The outcome if the thread has one: `Ok(None)` while it works.
+    pub(crate) fn try_acquire(&mut self) -> Result<Option<Lease>> {
+        if self.ended {
+            return Err(Error::invalid("pending", "this acquisition already ended"));
+        }
+        let outcome = self.slot.state().outcome.take();
+        match outcome {
+            None => Ok(None),
+            Some(r) => {
+                self.ended = true;
+                match r {
+                    Ok(l) => Ok(Some(l)),
+                    Err(e) => {
+                        self.contention = e.contention().cloned();
+                        Err(e)
+                    }
+                }
+            }
+        }
+    }
+
+    pub(crate) fn wait_fd(&self) -> BorrowedFd<'_> {
+        self.slot.fd.as_fd()
+    }
+
+    /// The thread rings when it is done; this is only a safety re-check.
+    pub(crate) fn next_check(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+
+    pub(crate) fn contention_error(&self, timed_out: bool) -> Error {
+        let c = Box::new(self.contention.clone().unwrap_or_else(|| Contention {
+            target: self.shown().to_path_buf(),
+            lease_path: self.shown().to_path_buf(),
+            holder: None,
+            holders: Vec::new(),
+            waited: self.started.elapsed(),
+        }));
+        if timed_out {
+            Error::Timeout(c)
+        } else {
+            Error::InUse(c)
+        }
+    }
+
+    pub(crate) fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+}
+
+impl Drop for Attempt {
+    fn drop(&mut self) {
+        let left = {
+            let mut st = self.slot.state();
+            st.abandoned = true;
+            st.outcome.take()
+        };
+        // An untaken lease is released here, on the caller's thread.
+        drop(left);
+        let _ = self.tx.send(Cmd::Cancel);
+    }
+}

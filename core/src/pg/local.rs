@@ -1,0 +1,127 @@
+//! This process's PostgreSQL leases, by lease identity (user, hosts,
+//! database, name), so repeated acquisitions share one lease, and the
+//! acquisitions in flight, so one blocked on the server is told when
+//! another thread of this process got the lease instead (it would
+//! otherwise wait on its own process forever).
+//!
+//! Like the file registry it is a leaked box behind an atomic pointer that
+//! the fork child handler forgets: a lock held by a thread that did not
+//! survive `fork` is never taken in the child.
+
+use std::collections::HashMap;
+use std::ptr;
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::session::{shared_lease, Cmd, Link};
+use crate::error::Result;
+use crate::lease::{Lease, Phase, Shared};
+
+#[derive(Default)]
+struct Local {
+    held: HashMap<String, Arc<Shared>>,
+    waiting: HashMap<String, Vec<(u64, UnboundedSender<Cmd>)>>,
+}
+
+static LOCAL: AtomicPtr<Mutex<Local>> = AtomicPtr::new(ptr::null_mut());
+
+fn lock() -> MutexGuard<'static, Local> {
+    let mut p = LOCAL.load(Ordering::Acquire);
+    if p.is_null() {
+        crate::forkgate::install();
+        let fresh = Box::into_raw(Box::default());
+        p = match LOCAL.compare_exchange(
+            ptr::null_mut(),
+            fresh,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => fresh,
+            Err(winner) => {
+                // SAFETY: `fresh` was never shared.
+                drop(unsafe { Box::from_raw(fresh) });
+                winner
+            }
+        };
+    }
+    // SAFETY: leaked boxes, never freed.
+    let m: &'static Mutex<Local> = unsafe { &*p };
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Fork child handler: one atomic store (the parent's map is abandoned,
+/// its leases belong to the parent).
+pub(crate) fn after_fork_in_child() {
+    LOCAL.store(ptr::null_mut(), Ordering::Release);
+}
+
+pub(crate) fn share(identity: &str) -> Option<Lease> {
+    let g = lock();
+    let s = g.held.get(identity)?;
+    s.shareable().then(|| shared_lease(s.clone()))
+}
+
+/// Whether another thread of this process holds the lease now.
+pub(crate) fn share_pending(identity: &str) -> bool {
+    lock().held.get(identity).is_some_and(|s| s.shareable())
+}
+
+/// List the new lease, tell the acquisitions waiting for it to share it,
+/// and hand the first handle out.
+pub(crate) fn insert(identity: &str, s: Arc<Shared>) -> Lease {
+    let mut g = lock();
+    g.held.insert(identity.to_owned(), s.clone());
+    for (_, tx) in g.waiting.get(identity).into_iter().flatten() {
+        let _ = tx.send(Cmd::Share);
+    }
+    drop(g);
+    Lease::from_shared(s)
+}
+
+pub(crate) fn wait_for(identity: &str, id: u64, tx: UnboundedSender<Cmd>) {
+    lock()
+        .waiting
+        .entry(identity.to_owned())
+        .or_default()
+        .push((id, tx));
+}
+
+pub(crate) fn unwait(identity: &str, id: u64) {
+    let mut g = lock();
+    if let Some(v) = g.waiting.get_mut(identity) {
+        v.retain(|(i, _)| *i != id);
+        if v.is_empty() {
+            g.waiting.remove(identity);
+        }
+    }
+}
+
+/// A handle's release: the last one unlists the lease and ends its session.
+pub(crate) fn release(s: &Arc<Shared>, link: &Link) -> Result<()> {
+    {
+        let mut g = lock();
+        if !s.drop_handle() {
+            return Ok(());
+        }
+        if g.held
+            .get(&link.identity)
+            .is_some_and(|h| Arc::ptr_eq(h, s))
+        {
+            g.held.remove(&link.identity);
+        }
+        let mut st = s.state();
+        st.phase = match std::mem::replace(&mut st.phase, Phase::Released) {
+            Phase::Lost(l) => Phase::Lost(l),
+            _ => Phase::Released,
+        };
+    }
+    s.ring_lost_fd();
+    link.finish()
+}
+
+/// Whether this process holds the lease.
+pub(crate) fn holds(identity: &str) -> bool {
+    share_pending(identity)
+}

@@ -1,0 +1,751 @@
+//! The thread of one PostgreSQL lease: it connects, takes the advisory lock
+//! (one try, or a blocking `pg_advisory_lock` the server ends when the lock
+//! is free), writes the holder row, then keeps the session: a heartbeat
+//! every second that must be answered within two, and the connection's end
+//! (terminated, server restarted, network cut) marks the lease lost. The
+//! session asks the server to end it after 10 s without a statement, so a
+//! holder that was cut off learns it lost the lease (≤ 3 s) before the
+//! server can give it to anyone else (≥ 5 s).
+
+use std::mem::ManuallyDrop;
+use std::path::PathBuf;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
+use tokio::task::JoinHandle;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::Type;
+use tokio_postgres::{Client, NoTls};
+
+use super::attempt::Slot;
+use super::local;
+use super::socket;
+use super::target::Target;
+use crate::error::{Contention, Error, Lost, Result};
+use crate::lease::{Lease, Shared};
+use crate::options::{Options, Wait};
+use crate::platform::process;
+use crate::record::{self, Content, Record};
+use crate::registry;
+
+/// The holder's heartbeat: how often, and how long an answer may take.
+pub const HEARTBEAT: Duration = Duration::from_secs(1);
+pub const HEARTBEAT_DEADLINE: Duration = Duration::from_secs(2);
+/// The server ends a lease session silent for this long (a holder that was
+/// cut off, or frozen).
+pub const SERVER_IDLE_LIMIT: Duration = Duration::from_secs(10);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Between reconnections while waiting (the server restarting, say).
+const RECONNECT_PAUSE: Duration = Duration::from_millis(250);
+
+pub const TABLE: &str = "sidelease_leases";
+pub const TABLE_DDL: &str = "CREATE TABLE IF NOT EXISTS sidelease_leases (\
+     name text PRIMARY KEY, key bigint NOT NULL UNIQUE, generation bigint NOT NULL, \
+     holder jsonb NOT NULL, acquired_at timestamptz NOT NULL, released_at timestamptz)";
+
+pub(crate) enum Cmd {
+    Release(std::sync::mpsc::SyncSender<Result<()>>),
+    /// The acquisition was given up (cancelled, timed out by its caller).
+    Cancel,
+    /// Another thread of this process holds the lease now: share it.
+    Share,
+}
+
+/// A held PostgreSQL lease's line to its thread.
+pub(crate) struct Link {
+    tx: ManuallyDrop<UnboundedSender<Cmd>>,
+    epoch: u64,
+    thread: std::thread::ThreadId,
+    pub identity: String,
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        // In a forked child the channel's other end (and its runtime) is
+        // gone with the parent's threads: touch nothing.
+        if self.epoch == registry::epoch() {
+            // SAFETY: dropped once, here.
+            unsafe { ManuallyDrop::drop(&mut self.tx) };
+        }
+    }
+}
+
+impl Link {
+    /// Unlock, record the release and end the session; wait for it unless
+    /// called from the lease's own thread (a loss callback).
+    pub(crate) fn finish(&self) -> Result<()> {
+        let (reply, answer) = std::sync::mpsc::sync_channel(1);
+        if self.tx.send(Cmd::Release(reply)).is_err() {
+            // The thread ended: the session, and the lock, are gone.
+            return Ok(());
+        }
+        if std::thread::current().id() == self.thread {
+            return Ok(());
+        }
+        answer.recv().unwrap_or(Ok(()))
+    }
+}
+
+pub(crate) struct Conn {
+    pub client: Client,
+    pub task: JoinHandle<std::result::Result<(), tokio_postgres::Error>>,
+}
+
+impl Conn {
+    pub async fn close(self) {
+        drop(self.client);
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.task).await;
+    }
+}
+
+/// Settings every lease session runs with (sent in the startup packet, so
+/// they cost no round trip; each is one a plain user may set).
+const SESSION_OPTIONS: &str = "-c statement_timeout=0 -c lock_timeout=0 \
+     -c idle_in_transaction_session_timeout=0 -c idle_session_timeout=10000 \
+     -c client_connection_check_interval=1000 -c tcp_keepalives_idle=2 \
+     -c tcp_keepalives_interval=1 -c tcp_keepalives_count=3 -c tcp_user_timeout=3000";
+
+pub(crate) fn pg_error(target: &Target, what: &'static str, e: &tokio_postgres::Error) -> Error {
+    let text = match e.as_db_error() {
+        Some(db) => {
+            let mut t = format!(
+                "{}: {} (SQLSTATE {})",
+                db.severity(),
+                db.message(),
+                db.code().code()
+            );
+            if let Some(h) = db.hint() {
+                t.push_str(&format!("; hint: {h}"));
+            }
+            t
+        }
+        None => {
+            let mut t = e.to_string();
+            let mut src = std::error::Error::source(e);
+            while let Some(s) = src {
+                t.push_str(&format!(": {s}"));
+                src = s.source();
+            }
+            t
+        }
+    };
+    io_error(target, what, text)
+}
+
+pub(crate) fn io_error(target: &Target, what: &'static str, text: impl Into<String>) -> Error {
+    Error::Io {
+        syscall: what,
+        path: PathBuf::from(&target.shown),
+        source: std::io::Error::other(text.into()),
+    }
+}
+
+fn application_name(target: &Target) -> String {
+    let me = process::current();
+    let mut s = format!(
+        "sidelease {}@{} {}",
+        me.pid,
+        me.host.as_deref().unwrap_or("?"),
+        target.name
+    );
+    s.retain(|c| c.is_ascii() && !c.is_ascii_control());
+    s.truncate(63);
+    s
+}
+
+pub(crate) async fn open(target: &Target, app: Option<String>) -> Result<Conn> {
+    let mut cfg = target.config.clone();
+    cfg.application_name(app.unwrap_or_else(|| application_name(target)));
+    let opts = match cfg.get_options() {
+        Some(o) if !o.is_empty() => format!("{o} {SESSION_OPTIONS}"),
+        _ => SESSION_OPTIONS.to_owned(),
+    };
+    cfg.options(opts);
+    let timeout = cfg
+        .get_connect_timeout()
+        .copied()
+        .unwrap_or(CONNECT_TIMEOUT);
+    let sock = socket::connect(&cfg, timeout)
+        .await
+        .map_err(|e| io_error(target, "connect", crate::error::os_message(&e)))?;
+    let (client, connection) =
+        match tokio::time::timeout(timeout, cfg.connect_raw(sock, NoTls)).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return Err(pg_error(target, "connect", &e)),
+            Err(_) => {
+                return Err(io_error(
+                    target,
+                    "connect",
+                    "the server did not finish the startup in time",
+                ))
+            }
+        };
+    let task = tokio::spawn(connection);
+    Ok(Conn { client, task })
+}
+
+/// Ask the server to cancel what the connection runs (a new connection
+/// carries the request).
+async fn cancel(target: &Target, client: &Client) {
+    let token = client.cancel_token();
+    if let Ok(sock) = socket::connect(&target.config, CONNECT_TIMEOUT).await {
+        let _ = tokio::time::timeout(CONNECT_TIMEOUT, token.cancel_query_raw(sock, NoTls)).await;
+    }
+}
+
+enum Step {
+    Got {
+        pid: i32,
+        table: bool,
+    },
+    Fail(Error),
+    /// The connection broke while waiting: connect again if time is left.
+    Broken(Error),
+    Share,
+    Cancelled,
+}
+
+struct Run {
+    target: Arc<Target>,
+    opts: Options,
+    started: Instant,
+    slot: Arc<Slot>,
+    rx: UnboundedReceiver<Cmd>,
+    tx: UnboundedSender<Cmd>,
+    waiter_id: u64,
+}
+
+pub(crate) fn spawn(
+    target: Arc<Target>,
+    opts: Options,
+    started: Instant,
+    slot: Arc<Slot>,
+    tx: UnboundedSender<Cmd>,
+    rx: UnboundedReceiver<Cmd>,
+) -> Result<()> {
+    let run = Run {
+        waiter_id: registry::attempt_id(),
+        target,
+        opts,
+        started,
+        slot,
+        rx,
+        tx,
+    };
+    let shown = run.target.shown.clone();
+    std::thread::Builder::new()
+        .name("sidelease-pg".into())
+        .spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build();
+            match rt {
+                Ok(rt) => rt.block_on(run.main()),
+                Err(e) => {
+                    let err = io_error(&run.target, "tokio runtime", e.to_string());
+                    run.slot.finish(Err(err));
+                }
+            }
+        })
+        .map(drop)
+        .map_err(|e| Error::io("pthread_create", std::path::Path::new(&shown), e))
+}
+
+impl Run {
+    fn deadline(&self) -> Option<Instant> {
+        match self.opts.wait {
+            Wait::NoWait => Some(self.started),
+            Wait::Timeout(d) => self.started.checked_add(d),
+            Wait::Forever => None,
+        }
+    }
+
+    fn time_left(&self) -> bool {
+        self.deadline().is_none_or(|d| Instant::now() < d)
+    }
+
+    async fn main(mut self) {
+        local::wait_for(&self.target.identity, self.waiter_id, self.tx.clone());
+        let mut connected_once = false;
+        loop {
+            if let Some(lease) = local::share(&self.target.identity) {
+                self.slot.finish(Ok(lease));
+                break;
+            }
+            let conn = match open(&self.target, None).await {
+                Ok(c) => c,
+                Err(e) => {
+                    if connected_once && self.opts.wait != Wait::NoWait && self.time_left() {
+                        if self.pause().await {
+                            continue;
+                        }
+                        break;
+                    }
+                    self.slot.finish(Err(e));
+                    break;
+                }
+            };
+            connected_once = true;
+            match self.attempt(&conn).await {
+                Step::Got { pid, table } => {
+                    local::unwait(&self.target.identity, self.waiter_id);
+                    self.claim(conn, pid, table).await;
+                    return;
+                }
+                Step::Fail(e) => {
+                    conn.close().await;
+                    self.slot.finish(Err(e));
+                    break;
+                }
+                Step::Broken(e) => {
+                    conn.close().await;
+                    if !self.time_left() {
+                        self.slot.finish(Err(e));
+                        break;
+                    }
+                    if !self.pause().await {
+                        break;
+                    }
+                }
+                Step::Share => conn.close().await,
+                Step::Cancelled => {
+                    conn.close().await;
+                    break;
+                }
+            }
+        }
+        local::unwait(&self.target.identity, self.waiter_id);
+    }
+
+    /// Sleep before reconnecting; false if the attempt was given up.
+    async fn pause(&mut self) -> bool {
+        let sleep = tokio::time::sleep(RECONNECT_PAUSE);
+        tokio::pin!(sleep);
+        loop {
+            tokio::select! {
+                _ = &mut sleep => return true,
+                cmd = self.rx.recv() => match cmd {
+                    Some(Cmd::Share) => return true,
+                    Some(Cmd::Release(_)) => {}
+                    Some(Cmd::Cancel) | None => return false,
+                },
+            }
+        }
+    }
+
+    fn lock_timeout_ms(&self) -> String {
+        match self.deadline() {
+            None => "0".into(),
+            Some(d) => {
+                let ms = d.saturating_duration_since(Instant::now()).as_millis();
+                ms.clamp(1, i32::MAX as u128).to_string()
+            }
+        }
+    }
+
+    async fn attempt(&mut self, conn: &Conn) -> Step {
+        let c = &conn.client;
+        let t = &*self.target;
+        let first = c
+            .query_typed(
+                "SELECT pg_backend_pid(), pg_is_in_recovery(), \
+                 to_regclass('sidelease_leases') IS NOT NULL, \
+                 CASE WHEN pg_is_in_recovery() THEN false ELSE pg_try_advisory_lock($1) END, \
+                 set_config('lock_timeout', $2, false)",
+                &[(&t.key, Type::INT8), (&self.lock_timeout_ms(), Type::TEXT)],
+            )
+            .await;
+        let row = match first {
+            Ok(mut rows) if rows.len() == 1 => rows.remove(0),
+            Ok(_) => return Step::Fail(io_error(t, "query", "the server answered no row")),
+            Err(e) => return Step::Broken(pg_error(t, "query", &e)),
+        };
+        let (pid, standby, table, got): (i32, bool, bool, bool) =
+            (row.get(0), row.get(1), row.get(2), row.get(3));
+        if standby {
+            return Step::Fail(Error::invalid(
+                "target",
+                format!(
+                    "{}: the server is a standby (pg_is_in_recovery() is true): advisory locks \
+                     are not shared with the primary; point the URL at the primary",
+                    t.shown
+                ),
+            ));
+        }
+        if got {
+            return Step::Got { pid, table };
+        }
+        if local::share_pending(&t.identity) {
+            return Step::Share;
+        }
+        if self.opts.wait == Wait::NoWait || !self.time_left() {
+            let c = contention(conn, t, self.started).await;
+            return Step::Fail(if self.opts.wait == Wait::NoWait {
+                Error::InUse(Box::new(c))
+            } else {
+                Error::Timeout(Box::new(c))
+            });
+        }
+        self.wait(conn, pid, table).await
+    }
+
+    /// Block in `pg_advisory_lock` until the server grants it, the lock
+    /// timeout ends it, or the caller gives up (a cancel request to the
+    /// server then).
+    async fn wait(&mut self, conn: &Conn, pid: i32, table: bool) -> Step {
+        let t = self.target.clone();
+        let c = &conn.client;
+        let params = [(
+            &t.key as &(dyn tokio_postgres::types::ToSql + Sync),
+            Type::INT8,
+        )];
+        let lock = c.query_typed("SELECT pg_backend_pid() FROM pg_advisory_lock($1)", &params);
+        tokio::pin!(lock);
+        let mut why: Option<Step> = None;
+        let res = loop {
+            tokio::select! {
+                r = &mut lock => break r,
+                cmd = self.rx.recv(), if why.is_none() => {
+                    why = match cmd {
+                        Some(Cmd::Share) => Some(Step::Share),
+                        Some(Cmd::Release(_)) => continue,
+                        Some(Cmd::Cancel) | None => Some(Step::Cancelled),
+                    };
+                    cancel(&t, c).await;
+                }
+            }
+        };
+        let granted = match res {
+            Ok(rows) => {
+                let now: Option<i32> = rows.first().map(|r| r.get(0));
+                if now != Some(pid) {
+                    let _ = unlock(c, t.key).await;
+                    return Step::Fail(pooler(&t, pid, now));
+                }
+                true
+            }
+            Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                // The lock may have been granted at the instant the timeout
+                // ended the wait.
+                match holds(c, t.key).await {
+                    Ok(h) => h,
+                    Err(e) => return Step::Broken(pg_error(&t, "query", &e)),
+                }
+            }
+            Err(e) if e.code() == Some(&SqlState::QUERY_CANCELED) => false,
+            Err(e) => return Step::Broken(pg_error(&t, "query", &e)),
+        };
+        match why {
+            Some(step) => {
+                if granted {
+                    let _ = unlock(c, t.key).await;
+                }
+                step
+            }
+            None if granted => Step::Got { pid, table },
+            None => Step::Fail(Error::Timeout(Box::new(
+                contention(conn, &t, self.started).await,
+            ))),
+        }
+    }
+
+    /// Write the holder row (the fencing generation grows), hand the lease
+    /// to the caller, keep the session.
+    async fn claim(self, conn: Conn, pid: i32, table: bool) {
+        let t = self.target.clone();
+        match self.write_row(&conn, pid, table).await {
+            Ok((rec, previous, generation)) => self.hold(conn, rec, previous, generation).await,
+            Err(e) => {
+                let _ = unlock(&conn.client, t.key).await;
+                conn.close().await;
+                self.slot.finish(Err(e));
+            }
+        }
+    }
+
+    async fn write_row(
+        &self,
+        conn: &Conn,
+        pid: i32,
+        table: bool,
+    ) -> Result<(Record, Content, i64)> {
+        let t = &*self.target;
+        let c = &conn.client;
+        if !table {
+            if let Err(e) = c.batch_execute(TABLE_DDL).await {
+                let benign = [SqlState::UNIQUE_VIOLATION, SqlState::DUPLICATE_TABLE];
+                if !e.code().is_some_and(|code| benign.contains(code)) {
+                    return Err(privilege_error(t, "create table", &e, &format!(
+                        "creating {TABLE} needs CREATE on the schema; or have its owner run once: {TABLE_DDL}"
+                    )));
+                }
+            }
+        }
+        let me = process::current();
+        let nonce = crate::nonce::fresh_hex()
+            .map_err(|e| Error::io("getrandom", std::path::Path::new("/dev/urandom"), e))?;
+        let mut rec = Record {
+            schema: Some(record::SCHEMA),
+            generation: None,
+            pid: Some(me.pid),
+            host: me.host.clone(),
+            started_at: Some(record::now_rfc3339()),
+            target: Some(t.shown.clone()),
+            lease_path: None,
+            nonce: Some(nonce),
+            boot_id: me.boot_id.clone(),
+            machine_id: me.machine_id.clone(),
+            pid_ns: me.pid_ns,
+            proc_start: me.proc_start,
+            runtime: Some(self.opts.runtime.clone().unwrap_or_else(|| "rust".into())),
+            library: Some(crate::LIBRARY.into()),
+            metadata: self.opts.metadata.clone(),
+            device: None,
+            inode: None,
+            split_checked: None,
+            dir_device: None,
+            dir_inode: None,
+            file_name: None,
+            released_at: None,
+        };
+        let holder = rec.to_json();
+        let rows = c
+            .query_typed(
+                "WITH prev AS (SELECT generation, holder::text AS holder, \
+                     to_json(released_at) #>> '{}' AS released_at \
+                     FROM sidelease_leases WHERE name = $1) \
+                 INSERT INTO sidelease_leases AS t (name, key, generation, holder, acquired_at, released_at) \
+                 VALUES ($1, $2, 1, $3::jsonb, now(), NULL) \
+                 ON CONFLICT (name) DO UPDATE SET generation = t.generation + 1, key = EXCLUDED.key, \
+                     holder = EXCLUDED.holder, acquired_at = now(), released_at = NULL \
+                 RETURNING t.generation, (SELECT generation FROM prev), (SELECT holder FROM prev), \
+                     (SELECT released_at FROM prev), pg_backend_pid()",
+                &[(&t.name, Type::TEXT), (&t.key, Type::INT8), (&holder, Type::TEXT)],
+            )
+            .await;
+        let row = match rows {
+            Ok(mut r) if r.len() == 1 => r.remove(0),
+            Ok(_) => return Err(io_error(t, "insert", "the server answered no row")),
+            Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) => {
+                let other: Option<String> = c
+                    .query_typed(
+                        "SELECT name FROM sidelease_leases WHERE key = $1",
+                        &[(&t.key, Type::INT8)],
+                    )
+                    .await
+                    .ok()
+                    .and_then(|r| r.first().map(|r| r.get(0)));
+                return Err(Error::invalid(
+                    "target",
+                    format!(
+                        "{}: the lease name {:?} has the same advisory-lock key ({}) as the lease {:?} \
+                         in {TABLE}; refusing to share one lock between two names: rename one",
+                        t.shown,
+                        t.name,
+                        t.key,
+                        other.unwrap_or_else(|| "?".into())
+                    ),
+                ));
+            }
+            Err(e) => {
+                return Err(privilege_error(
+                    t,
+                    "insert",
+                    &e,
+                    &format!("the lease's user needs SELECT, INSERT and UPDATE on {TABLE}"),
+                ))
+            }
+        };
+        let generation: i64 = row.get(0);
+        let prev_gen: Option<i64> = row.get(1);
+        let prev_holder: Option<String> = row.get(2);
+        let prev_released: Option<String> = row.get(3);
+        let now: i32 = row.get(4);
+        if now != pid {
+            return Err(pooler(t, pid, Some(now)));
+        }
+        let previous = match prev_holder {
+            None => Content::Empty,
+            Some(text) => match serde_json::from_str::<Record>(&text) {
+                Ok(mut r) => {
+                    r.generation = prev_gen.map(|g| g as u64);
+                    r.released_at = prev_released;
+                    Content::Record(Box::new(r))
+                }
+                Err(_) => Content::Unreadable,
+            },
+        };
+        rec.generation = Some(generation as u64);
+        Ok((rec, previous, generation))
+    }
+
+    async fn hold(mut self, mut conn: Conn, rec: Record, previous: Content, generation: i64) {
+        let t = self.target.clone();
+        let shown = PathBuf::from(&t.shown);
+        let link = Link {
+            tx: ManuallyDrop::new(self.tx.clone()),
+            epoch: registry::epoch(),
+            thread: std::thread::current().id(),
+            identity: t.identity.clone(),
+        };
+        let shared = Arc::new(Shared::new_pg(shown.clone(), rec, previous, link));
+        let weak: Weak<Shared> = Arc::downgrade(&shared);
+        drop(self.tx);
+        if !self.slot.finish_with(|| local::insert(&t.identity, shared)) {
+            // Given up while the row was written: let go at once.
+            let _ = release_row(&conn.client, &t, generation).await;
+            conn.close().await;
+            return;
+        }
+        let mut next = tokio::time::Instant::now() + HEARTBEAT;
+        let lost = loop {
+            tokio::select! {
+                cmd = self.rx.recv() => match cmd {
+                    Some(Cmd::Release(reply)) => {
+                        let r = release_row(&conn.client, &t, generation).await;
+                        conn.close().await;
+                        let _ = reply.send(r);
+                        return;
+                    }
+                    None => {
+                        let _ = release_row(&conn.client, &t, generation).await;
+                        conn.close().await;
+                        return;
+                    }
+                    Some(_) => {}
+                },
+                end = &mut conn.task => {
+                    break match end {
+                        Ok(Err(e)) => format!("the server ended the lease's session: {}", describe(&e)),
+                        _ => "the server closed the lease's connection".to_owned(),
+                    };
+                }
+                _ = tokio::time::sleep_until(next) => {
+                    match tokio::time::timeout(HEARTBEAT_DEADLINE, conn.client.simple_query("")).await {
+                        Ok(Ok(_)) => next = tokio::time::Instant::now() + HEARTBEAT,
+                        Ok(Err(e)) => break format!("the lease's session failed: {}", describe(&e)),
+                        Err(_) => break format!(
+                            "the server did not answer the lease's heartbeat within {}s \
+                             (network cut or server stalled); it ends the session after {}s of silence",
+                            HEARTBEAT_DEADLINE.as_secs(), SERVER_IDLE_LIMIT.as_secs()),
+                    }
+                }
+            }
+        };
+        if let Some(s) = weak.upgrade() {
+            s.mark_lost(Lost {
+                lease_path: shown,
+                reason: lost,
+                holders: Vec::new(),
+            });
+        }
+        drop(conn.client);
+        // Answer releases until the last handle goes.
+        while let Some(cmd) = self.rx.recv().await {
+            if let Cmd::Release(reply) = cmd {
+                let _ = reply.send(Ok(()));
+                return;
+            }
+        }
+    }
+}
+
+fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!(
+            "{}: {} (SQLSTATE {})",
+            db.severity(),
+            db.message(),
+            db.code().code()
+        ),
+        None => {
+            let mut t = e.to_string();
+            if let Some(s) = std::error::Error::source(e) {
+                t.push_str(&format!(": {s}"));
+            }
+            t
+        }
+    }
+}
+
+fn privilege_error(t: &Target, what: &'static str, e: &tokio_postgres::Error, need: &str) -> Error {
+    if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) {
+        let mut err = pg_error(t, what, e);
+        if let Error::Io { source, .. } = &mut err {
+            *source =
+                std::io::Error::other(format!("{}: {need}", crate::error::os_message(source)));
+        }
+        err
+    } else {
+        pg_error(t, what, e)
+    }
+}
+
+fn pooler(t: &Target, before: i32, after: Option<i32>) -> Error {
+    Error::invalid(
+        "target",
+        format!(
+            "{}: the server backend changed between two statements (pid {before}, then {}): \
+             the URL goes through a transaction-mode pooler, where a session advisory lock \
+             cannot live; connect to the server directly or through a session-mode pool",
+            t.shown,
+            after.map_or("none".to_owned(), |p| p.to_string())
+        ),
+    )
+}
+
+async fn unlock(c: &Client, key: i64) -> std::result::Result<(), tokio_postgres::Error> {
+    c.query_typed("SELECT pg_advisory_unlock($1)", &[(&key, Type::INT8)])
+        .await
+        .map(drop)
+}
+
+async fn holds(c: &Client, key: i64) -> std::result::Result<bool, tokio_postgres::Error> {
+    let rows = c
+        .query_typed(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
+             AND pid = pg_backend_pid() AND granted AND objsubid = 1 \
+             AND classid = (($1::bigint >> 32) & 4294967295)::oid AND objid = ($1::bigint & 4294967295)::oid)",
+            &[(&key, Type::INT8)],
+        )
+        .await?;
+    Ok(rows.first().is_some_and(|r| r.get(0)))
+}
+
+/// Record the release (so the next holder reads a clean one), then unlock:
+/// in that order, or the next holder could read the row before it says so.
+async fn release_row(c: &Client, t: &Target, generation: i64) -> Result<()> {
+    let recorded = c
+        .query_typed(
+            "UPDATE sidelease_leases SET released_at = now() WHERE name = $1 AND generation = $2",
+            &[(&t.name, Type::TEXT), (&generation, Type::INT8)],
+        )
+        .await;
+    let unlocked = unlock(c, t.key).await;
+    recorded.map_err(|e| pg_error(t, "update", &e))?;
+    unlocked.map_err(|e| pg_error(t, "unlock", &e))
+}
+
+/// Who holds the lease, as the server tells it: the holder row (its
+/// record) and the backend holding the lock.
+pub(crate) async fn contention(conn: &Conn, t: &Target, started: Instant) -> Contention {
+    let holder = super::inspect::holder_row(&conn.client, t)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|(rec, _)| rec);
+    Contention {
+        target: PathBuf::from(&t.shown),
+        lease_path: PathBuf::from(&t.shown),
+        holder,
+        holders: Vec::new(),
+        waited: started.elapsed(),
+    }
+}
+
+/// Share the lease another thread of this process holds, if it does.
+pub(crate) fn shared_lease(s: Arc<Shared>) -> Lease {
+    s.add_handle();
+    Lease::from_shared(s)
+}

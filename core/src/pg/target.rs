@@ -1,0 +1,325 @@
+//! A PostgreSQL lease target: `postgresql://[user[:password]@]host[:port]/database?lease=NAME`
+//! (or `postgres://`), any other libpq-style URL parameters passed on. The
+//! password never leaves this module except into the connection's
+//! configuration: everything shown (records, errors, inspect) uses
+//! [`Target::shown`].
+
+use std::str::FromStr;
+
+use sha2::{Digest, Sha256};
+use tokio_postgres::config::{Host, SslMode};
+
+use crate::error::{Error, Result};
+
+/// Longest lease name accepted, in bytes.
+pub const NAME_MAX: usize = 200;
+
+/// What distinguishes this library's advisory-lock keys from anyone else's.
+const KEY_NAMESPACE: &[u8] = b"sidelease lease\0";
+
+#[derive(Clone)]
+pub(crate) struct Target {
+    pub config: tokio_postgres::Config,
+    /// The URL with its password replaced by `***`.
+    pub shown: String,
+    pub name: String,
+    pub key: i64,
+    /// Identifies the lease in this process: user, hosts, ports, database
+    /// and name (never the password).
+    pub identity: String,
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.shown)
+    }
+}
+
+/// The advisory-lock key of a lease name: the first 8 bytes of SHA-256 over
+/// the namespaced name, big-endian, so every client on every platform
+/// computes the same key.
+pub fn key_of(name: &str) -> i64 {
+    let mut h = Sha256::new();
+    h.update(KEY_NAMESPACE);
+    h.update(name.as_bytes());
+    let d = h.finalize();
+    let mut k = [0u8; 8];
+    k.copy_from_slice(&d[..8]);
+    i64::from_be_bytes(k)
+}
+
+fn bad(message: impl Into<String>) -> Error {
+    Error::invalid("target", message)
+}
+
+fn percent_decode(s: &str, what: &str) -> Result<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = b
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or_else(|| bad(format!("bad percent-encoding in the {what}")))?;
+            out.push(hex);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| bad(format!("the {what} is not UTF-8")))
+}
+
+/// Mask the password of a PostgreSQL URL (in the user-info part and in a
+/// `password=` parameter) for display.
+pub fn mask(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (before_query, query) = match rest.split_once('?') {
+        Some((a, q)) => (a, Some(q)),
+        None => (rest, None),
+    };
+    let (authority, path) = match before_query.find('/') {
+        Some(i) => before_query.split_at(i),
+        None => (before_query, ""),
+    };
+    let authority = match authority.rsplit_once('@') {
+        Some((userinfo, hosts)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{user}:***@{hosts}"),
+            None => format!("{userinfo}@{hosts}"),
+        },
+        None => authority.to_owned(),
+    };
+    let mut out = format!("{scheme}://{authority}{path}");
+    if let Some(q) = query {
+        let parts: Vec<String> = q
+            .split('&')
+            .map(|p| match p.split_once('=') {
+                Some((k, _)) if k == "password" => "password=***".to_owned(),
+                _ => p.to_owned(),
+            })
+            .collect();
+        out.push('?');
+        out.push_str(&parts.join("&"));
+    }
+    out
+}
+
+/// Whether `s` is spelled as a PostgreSQL lease target.
+pub fn is_url(s: &[u8]) -> bool {
+    s.starts_with(b"postgresql://") || s.starts_with(b"postgres://")
+}
+
+impl Target {
+    pub fn parse(url: &str) -> Result<Target> {
+        if url.contains(|c: char| c.is_control() || c == ' ') {
+            return Err(bad(format!(
+                "{}: a PostgreSQL URL has no spaces or control characters",
+                mask(url)
+            )));
+        }
+        let shown = mask(url);
+        let (base, query) = match url.split_once('?') {
+            Some((b, q)) => (b, q),
+            None => (url, ""),
+        };
+        let mut name = None;
+        let mut passed = Vec::new();
+        for p in query.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            match k {
+                "lease" => {
+                    if name.is_some() {
+                        return Err(bad(format!("{shown}: `lease` is given twice")));
+                    }
+                    name = Some(percent_decode(v, "lease name")?);
+                }
+                "sslmode" if !matches!(v, "disable" | "prefer" | "allow") => {
+                    return Err(bad(format!(
+                        "{shown}: sslmode={v} needs TLS, which this build of sidelease does not \
+                         have; use sslmode=disable or prefer on a trusted network"
+                    )))
+                }
+                _ => passed.push(p),
+            }
+        }
+        let name = name.ok_or_else(|| {
+            bad(format!(
+                "{shown}: no lease name; add `?lease=NAME` (for example \
+                 postgresql://app@db-1/app?lease=scheduler)"
+            ))
+        })?;
+        check_name(&name, &shown)?;
+        let rebuilt = if passed.is_empty() {
+            base.to_owned()
+        } else {
+            format!("{base}?{}", passed.join("&"))
+        };
+        let mut config = tokio_postgres::Config::from_str(&rebuilt).map_err(|e| {
+            // The parser's message may quote the URL: say what is wrong
+            // without it.
+            bad(format!(
+                "{shown}: not a valid PostgreSQL URL ({})",
+                strip_quoted(&e.to_string())
+            ))
+        })?;
+        if config.get_user().is_none() {
+            let user = std::env::var("PGUSER")
+                .ok()
+                .filter(|u| !u.is_empty())
+                .or_else(os_user)
+                .ok_or_else(|| bad(format!("{shown}: no user in the URL, PGUSER or the system")))?;
+            config.user(user);
+        }
+        if config.get_password().is_none() {
+            if let Ok(pw) = std::env::var("PGPASSWORD") {
+                config.password(pw);
+            }
+        }
+        if config.get_hosts().is_empty() {
+            config.host("localhost");
+        }
+        if config.get_dbname().is_none() {
+            let user = config.get_user().unwrap_or_default().to_owned();
+            config.dbname(user);
+        }
+        if config.get_ssl_mode() == SslMode::Prefer {
+            config.ssl_mode(SslMode::Disable);
+        }
+        let hosts: Vec<String> = config
+            .get_hosts()
+            .iter()
+            .map(|h| match h {
+                Host::Tcp(s) => s.clone(),
+                Host::Unix(p) => p.to_string_lossy().into_owned(),
+            })
+            .collect();
+        let identity = format!(
+            "{}@{}:{:?}/{}#{}",
+            config.get_user().unwrap_or_default(),
+            hosts.join(","),
+            config.get_ports(),
+            config.get_dbname().unwrap_or_default(),
+            name
+        );
+        Ok(Target {
+            key: key_of(&name),
+            config,
+            shown,
+            name,
+            identity,
+        })
+    }
+}
+
+fn check_name(name: &str, shown: &str) -> Result<()> {
+    if name.is_empty() {
+        return Err(bad(format!("{shown}: the lease name is empty")));
+    }
+    if name.len() > NAME_MAX {
+        return Err(bad(format!(
+            "{shown}: the lease name is {} bytes; at most {NAME_MAX}",
+            name.len()
+        )));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(bad(format!(
+            "{shown}: the lease name has control characters"
+        )));
+    }
+    Ok(())
+}
+
+/// Drop anything quoted from a parser message (it may quote the input).
+fn strip_quoted(msg: &str) -> String {
+    let mut out = String::new();
+    let mut quoted = false;
+    for c in msg.chars() {
+        if c == '`' || c == '"' {
+            quoted = !quoted;
+            if quoted {
+                out.push_str("…");
+            }
+            continue;
+        }
+        if !quoted {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn os_user() -> Option<String> {
+    let uid = rustix::process::getuid().as_raw();
+    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+    passwd.lines().find_map(|l| {
+        let mut f = l.split(':');
+        let name = f.next()?;
+        let id = f.nth(1)?;
+        (id.parse::<u32>().ok()? == uid).then(|| name.to_owned())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_stable_big_endian_sha256() {
+        // sha256("sidelease lease\0scheduler"), first 8 bytes, big-endian:
+        // the same on every platform.
+        let k = key_of("scheduler");
+        assert_eq!(k, key_of("scheduler"));
+        assert_ne!(k, key_of("scheduler2"));
+        let mut h = Sha256::new();
+        h.update(b"sidelease lease\0scheduler");
+        let d = h.finalize();
+        assert_eq!(k.to_be_bytes(), d[..8]);
+    }
+
+    #[test]
+    fn passwords_are_masked() {
+        assert_eq!(
+            mask("postgresql://app:s3cret@db-1:5432/app?lease=x&password=p2"),
+            "postgresql://app:***@db-1:5432/app?lease=x&password=***"
+        );
+        assert_eq!(
+            mask("postgres://db-1/app?lease=x"),
+            "postgres://db-1/app?lease=x"
+        );
+        let t = Target::parse("postgresql://app:s3cret@db-1/app?lease=sched%20uler").unwrap();
+        assert_eq!(t.name, "sched uler");
+        assert!(!t.shown.contains("s3cret"));
+        assert!(!format!("{t:?}").contains("s3cret"));
+        assert!(!t.identity.contains("s3cret"));
+    }
+
+    #[test]
+    fn bad_urls_name_the_problem_without_the_password() {
+        let cases = [
+            ("postgresql://app:pw@db/app", "no lease name"),
+            ("postgresql://app:pw@db/app?lease=", "empty"),
+            ("postgresql://app:pw@db/app?lease=a&lease=b", "twice"),
+            ("postgresql://app:pw@db/app?lease=%zz", "percent"),
+            ("postgresql://app:pw@db/app?lease=x&sslmode=require", "TLS"),
+            ("postgresql://app:pw@db/app?lease=x&bogus=1", "not a valid"),
+            ("postgresql://app:pw@db:notaport/app?lease=x", "not a valid"),
+            ("postgresql://app:pw@db/app?lease=a%0Ab", "control"),
+        ];
+        for (url, want) in cases {
+            let e = Target::parse(url).unwrap_err().to_string();
+            assert!(e.contains(want), "{url}: {e}");
+            assert!(!e.contains("pw@"), "{url}: {e}");
+            assert!(e.contains("`target`"), "{url}: {e}");
+        }
+        let long = format!("postgresql://db/app?lease={}", "n".repeat(NAME_MAX + 1));
+        assert!(Target::parse(&long)
+            .unwrap_err()
+            .to_string()
+            .contains("at most 200"));
+    }
+}

@@ -1,0 +1,619 @@
+//! PostgreSQL leases against a real server: the throwaway cluster
+//! `tests/pg/cluster start` makes (tests/run starts one and exports
+//! SIDELEASE_TEST_PG, SIDELEASE_TEST_PG_ADMIN, SIDELEASE_TEST_PG_STRANGER,
+//! SIDELEASE_TEST_PG_DIR and SIDELEASE_TEST_PG_BIN).
+#![cfg(feature = "postgres")]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use sidelease::{
+    inspect, CancelToken, ErrorKind, Lease, LeaseState, Options, RecordStatus, State, Wait,
+};
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!("{name} is not set: start a server with `eval \"$(bash tests/pg/cluster start)\"` (tests/run does)")
+    })
+}
+
+/// A server restart ends every session: it runs alone.
+static SERVER: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+fn sharing_the_server() -> std::sync::RwLockReadGuard<'static, ()> {
+    SERVER.read().unwrap_or_else(|e| e.into_inner())
+}
+
+static N: AtomicU32 = AtomicU32::new(0);
+
+/// A lease name no other test (or earlier run) uses.
+fn fresh(base: &str) -> String {
+    format!(
+        "{base}?lease=t-{}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    )
+}
+
+fn url() -> String {
+    fresh(&env("SIDELEASE_TEST_PG"))
+}
+
+fn psql(sql: &str) -> String {
+    let dir = env("SIDELEASE_TEST_PG_DIR");
+    let port = url_port(&env("SIDELEASE_TEST_PG"));
+    let mut cmd = if rustix::process::geteuid().is_root() {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"])
+            .arg(format!("{}/psql", env("SIDELEASE_TEST_PG_BIN")));
+        c
+    } else {
+        Command::new(format!("{}/psql", env("SIDELEASE_TEST_PG_BIN")))
+    };
+    let out = cmd
+        .args([
+            "-X",
+            "-q",
+            "-t",
+            "-A",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-h",
+            &dir,
+            "-p",
+            &port,
+            "-U",
+            "postgres",
+            "-d",
+            "app",
+            "-c",
+            sql,
+        ])
+        .output()
+        .expect("psql");
+    assert!(
+        out.status.success(),
+        "psql {sql}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+fn url_port(u: &str) -> String {
+    let after = u.rsplit_once('@').unwrap().1;
+    let hostport = after.split('/').next().unwrap();
+    hostport.rsplit_once(':').unwrap().1.to_owned()
+}
+
+fn once() -> Options {
+    Options::new()
+}
+
+fn lost_within(lease: &Lease, limit: Duration) -> Duration {
+    let (tx, rx) = mpsc::channel();
+    let t = Instant::now();
+    lease
+        .on_lost(move |_| {
+            let _ = tx.send(t.elapsed());
+        })
+        .unwrap();
+    rx.recv_timeout(limit)
+        .unwrap_or_else(|_| panic!("not lost within {limit:?}: {:?}", lease.state()))
+}
+
+#[test]
+fn acquire_refuse_release_and_the_generation_grows() {
+    let _server = sharing_the_server();
+    let u = url();
+    let a = Lease::acquire(&u, &once()).unwrap();
+    assert!(a.is_postgres());
+    assert_eq!(a.generation(), Some(1));
+    assert_eq!(a.previous_released_cleanly(), Some(true));
+    assert!(!a.lease_path().to_str().unwrap().contains("app-secret"));
+    assert!(a.lease_path().to_str().unwrap().contains("app:***@"));
+    // Another process would be refused; here, another connection is: a
+    // child process acquiring the same lease.
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_acquires_once",
+            "--nocapture",
+            "--include-ignored",
+        ])
+        .env("SIDELEASE_CHILD_URL", &u)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("CHILD in_use"), "{text}");
+    assert!(
+        text.contains(&format!("is leased by pid {}", std::process::id())),
+        "{text}"
+    );
+    assert!(!text.contains("app-secret"), "{text}");
+    let i = inspect(&u, &Options::new()).unwrap();
+    assert_eq!(i.state, State::Held);
+    assert_eq!(i.record_status, RecordStatus::Myself);
+    let server = i.server.clone().unwrap();
+    assert_eq!(server.client_addr.as_deref(), Some("127.0.0.1"));
+    assert!(server
+        .application_name
+        .unwrap()
+        .starts_with(&format!("sidelease {}@", std::process::id())));
+    assert!(!i.to_json().contains("app-secret"));
+    // Shared inside the process: one lease, one generation.
+    let b = Lease::acquire(&u, &once()).unwrap();
+    assert_eq!(b.generation(), Some(1));
+    a.release().unwrap();
+    assert_eq!(inspect(&u, &Options::new()).unwrap().state, State::Held);
+    b.release().unwrap();
+    let i = inspect(&u, &Options::new()).unwrap();
+    assert_eq!(
+        (i.state, i.record_status),
+        (State::Free, RecordStatus::Released)
+    );
+    let c = Lease::acquire(&u, &once()).unwrap();
+    assert_eq!(c.generation(), Some(2));
+    assert_eq!(c.previous_released_cleanly(), Some(true));
+    assert_eq!(c.previous().unwrap().generation, Some(1));
+}
+
+#[test]
+#[ignore = "run by the test above in a child process"]
+fn child_acquires_once() {
+    let u = std::env::var("SIDELEASE_CHILD_URL").unwrap();
+    match Lease::acquire(&u, &Options::new()) {
+        Err(e) => println!("CHILD {} {e}", e.kind().as_str()),
+        Ok(_) => println!("CHILD acquired"),
+    }
+}
+
+#[test]
+#[ignore = "run by holder_killed in a child process"]
+fn child_holds_forever() {
+    let u = std::env::var("SIDELEASE_CHILD_URL").unwrap();
+    let l = Lease::acquire(&u, &Options::new()).unwrap();
+    println!("HELD {}", l.generation().unwrap());
+    std::io::stdout().flush().unwrap();
+    std::thread::sleep(Duration::from_secs(600));
+}
+
+/// A child process that holds the lease `u` until killed.
+fn spawn_holder(u: &str) -> std::process::Child {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_holds_forever",
+            "--nocapture",
+            "--include-ignored",
+        ])
+        .env("SIDELEASE_CHILD_URL", u)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let mut seen = String::new();
+    let mut buf = [0u8; 256];
+    while !seen.contains("HELD") {
+        let n = out.read(&mut buf).unwrap();
+        assert!(n > 0, "child ended: {seen}");
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    child
+}
+
+#[test]
+fn a_killed_holder_frees_the_lease_and_leaves_an_unclean_record() {
+    let _server = sharing_the_server();
+    let u = url();
+    let first = Lease::acquire(&u, &once()).unwrap();
+    first.release().unwrap();
+    let mut child = spawn_holder(&u);
+    let err = Lease::acquire(&u, &once()).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InUse, "{err}");
+    let waiter = std::thread::spawn({
+        let u = u.clone();
+        move || {
+            Lease::acquire(
+                &u,
+                &Options::new().wait(Wait::Timeout(Duration::from_secs(20))),
+            )
+        }
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    child.kill().unwrap();
+    let killed = Instant::now();
+    child.wait().unwrap();
+    let l = waiter.join().unwrap().unwrap();
+    assert!(
+        killed.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        killed.elapsed()
+    );
+    assert_eq!(l.generation(), Some(3));
+    assert_eq!(l.previous_released_cleanly(), Some(false));
+    assert_eq!(l.previous().unwrap().pid, Some(child.id()));
+}
+
+#[test]
+fn terminating_the_session_marks_the_lease_lost_and_a_waiter_gets_it() {
+    let _server = sharing_the_server();
+    let u = url();
+    let l = Lease::acquire(&u, &once()).unwrap();
+    let fd = l.lost_fd().unwrap();
+    let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+    let waiter = std::thread::spawn({
+        let u = u.clone();
+        move || {
+            // A separate process-level lease would share; a waiter in this
+            // process shares too, so the waiter is a child process.
+            Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--exact",
+                    "child_acquires_waiting",
+                    "--nocapture",
+                    "--include-ignored",
+                ])
+                .env("SIDELEASE_CHILD_URL", &u)
+                .output()
+                .unwrap()
+        }
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let name = u.rsplit_once("lease=").unwrap().1;
+    let killed = psql(&format!(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name LIKE 'sidelease {}@%' AND query NOT LIKE '%pg_advisory_lock%' AND application_name LIKE '%{name}'",
+        std::process::id()
+    ));
+    assert_eq!(killed, "1");
+    let took = lost_within(&l, Duration::from_secs(2));
+    eprintln!("lost {took:?} after pg_terminate_backend");
+    assert!(matches!(l.state(), LeaseState::Lost(_)));
+    assert_eq!(l.ensure_held().unwrap_err().kind(), ErrorKind::Lost);
+    let mut fds = [rustix::event::PollFd::from_borrowed_fd(
+        unsafe { std::os::fd::BorrowedFd::borrow_raw(raw) },
+        rustix::event::PollFlags::IN,
+    )];
+    // The descriptor rings right after the callbacks ran.
+    let second = rustix::event::Timespec {
+        tv_sec: 1,
+        tv_nsec: 0,
+    };
+    assert_eq!(rustix::event::poll(&mut fds, Some(&second)).unwrap(), 1);
+    let out = waiter.join().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("CHILD acquired 2 clean=false"), "{text}");
+    l.release().unwrap();
+}
+
+#[test]
+#[ignore = "run by a test above in a child process"]
+fn child_acquires_waiting() {
+    let u = std::env::var("SIDELEASE_CHILD_URL").unwrap();
+    match Lease::acquire(
+        &u,
+        &Options::new().wait(Wait::Timeout(Duration::from_secs(20))),
+    ) {
+        Err(e) => println!("CHILD {} {e}", e.kind().as_str()),
+        Ok(l) => println!(
+            "CHILD acquired {} clean={}",
+            l.generation().unwrap(),
+            l.previous_released_cleanly().unwrap()
+        ),
+    }
+}
+
+#[test]
+fn timeouts_and_cancellation() {
+    let _server = sharing_the_server();
+    let u = url();
+    let mut holder = spawn_holder(&u);
+    let t = Instant::now();
+    let e = Lease::acquire(
+        &u,
+        &Options::new().wait(Wait::Timeout(Duration::from_millis(300))),
+    )
+    .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+    assert!(
+        t.elapsed() >= Duration::from_millis(300) && t.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        t.elapsed()
+    );
+    assert!(
+        e.to_string().contains(&format!("pid {}", holder.id())),
+        "{e}"
+    );
+    let token = CancelToken::new().unwrap();
+    let waiting = std::thread::spawn({
+        let (u, token) = (u.clone(), token.clone());
+        move || Lease::acquire_cancellable(&u, &Options::new().wait(Wait::Forever), &token)
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    token.cancel();
+    let e = waiting.join().unwrap().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Cancelled);
+    // The cancelled wait leaves no waiter behind on the server.
+    let mut waiting_on_server = String::new();
+    for _ in 0..50 {
+        waiting_on_server =
+            psql("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted");
+        if waiting_on_server == "0" {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(waiting_on_server, "0");
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+}
+
+#[test]
+fn bad_inputs_are_typed_errors_without_the_password() {
+    let _server = sharing_the_server();
+    let base = env("SIDELEASE_TEST_PG");
+    let port = url_port(&base);
+    let o = Options::new();
+    let cases: Vec<(String, ErrorKind, &str)> = vec![
+        (
+            format!("postgresql://app:WRONGPW@127.0.0.1:{port}/app?lease=x"),
+            ErrorKind::Io,
+            "password authentication failed",
+        ),
+        (
+            format!("postgresql://app:app-secret@127.0.0.1:{port}/nosuchdb?lease=x"),
+            ErrorKind::Io,
+            "does not exist",
+        ),
+        (
+            "postgresql://app:app-secret@127.0.0.1:1/app?lease=x".into(),
+            ErrorKind::Io,
+            "refused",
+        ),
+        (
+            format!("postgresql://app:app-secret@127.0.0.1:{port}/app"),
+            ErrorKind::InvalidArgument,
+            "no lease name",
+        ),
+        (
+            format!(
+                "postgresql://app:app-secret@127.0.0.1:{port}/app?lease={}",
+                "x".repeat(201)
+            ),
+            ErrorKind::InvalidArgument,
+            "at most 200",
+        ),
+        (
+            "postgresql://app:app-secret@[::1/app?lease=x".into(),
+            ErrorKind::InvalidArgument,
+            "not a valid",
+        ),
+    ];
+    for (u, kind, text) in cases {
+        let e = Lease::acquire(&u, &o).unwrap_err();
+        let msg = e.to_string();
+        assert_eq!(e.kind(), kind, "{u}: {msg}");
+        assert!(msg.contains(text), "{u}: {msg}");
+        for secret in ["WRONGPW", "app-secret"] {
+            assert!(!msg.contains(secret), "{u}: {msg}");
+        }
+        if kind == ErrorKind::Io {
+            let e = inspect(&u, &o).unwrap_err().to_string();
+            assert!(!e.contains("app-secret") && !e.contains("WRONGPW"), "{e}");
+        }
+    }
+}
+
+#[test]
+fn a_user_without_privileges_is_told_what_it_needs() {
+    let _server = sharing_the_server();
+    // The table exists (another test or this line made it): the stranger
+    // may not write it.
+    drop(Lease::acquire(url(), &once()).unwrap());
+    let u = fresh(&env("SIDELEASE_TEST_PG_STRANGER"));
+    let e = Lease::acquire(&u, &once()).unwrap_err().to_string();
+    assert!(
+        e.contains("permission denied")
+            && e.contains("SELECT, INSERT and UPDATE on sidelease_leases"),
+        "{e}"
+    );
+    assert!(!e.contains("stranger-secret"), "{e}");
+    // And the failed attempt left the lock free.
+    let name = u.rsplit_once("lease=").unwrap().1.to_owned();
+    let l = Lease::acquire(
+        format!("{}?lease={name}", env("SIDELEASE_TEST_PG")),
+        &once(),
+    )
+    .unwrap();
+    l.release().unwrap();
+}
+
+#[test]
+fn two_names_with_one_key_are_refused_not_shared() {
+    let _server = sharing_the_server();
+    let u = url();
+    let name = u.rsplit_once("lease=").unwrap().1.to_owned();
+    let key = sidelease::pg::target::key_of(&name);
+    drop(Lease::acquire(url(), &once()).unwrap());
+    psql(&format!(
+        "INSERT INTO sidelease_leases VALUES ('impostor-{name}', {key}, 1, '{{}}', now(), now())"
+    ));
+    let e = Lease::acquire(&u, &once()).unwrap_err().to_string();
+    assert!(
+        e.contains("same advisory-lock key") && e.contains(&format!("impostor-{name}")),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_fencing_check_rejects_a_stale_holder() {
+    let _server = sharing_the_server();
+    let u = url();
+    let name = u.rsplit_once("lease=").unwrap().1.to_owned();
+    let old = Lease::acquire(&u, &once()).unwrap();
+    let old_gen = old.generation().unwrap();
+    old.release().unwrap();
+    let new = Lease::acquire(&u, &once()).unwrap();
+    let new_gen = new.generation().unwrap();
+    assert!(new_gen > old_gen);
+    psql(&format!(
+        "CREATE TABLE IF NOT EXISTS fenced_jobs (id int PRIMARY KEY, owner bigint)"
+    ));
+    psql(&format!(
+        "INSERT INTO fenced_jobs VALUES (1, 0) ON CONFLICT DO NOTHING"
+    ));
+    // README's recipe: the write carries the writer's generation and only
+    // lands while it is the lease's current one.
+    let write = |generation: u64| {
+        psql(&format!(
+            "WITH w AS (UPDATE fenced_jobs SET owner = {generation} WHERE id = 1 \
+             AND {generation} = (SELECT generation FROM sidelease_leases WHERE name = '{name}' \
+             AND released_at IS NULL FOR SHARE) RETURNING 1) SELECT count(*) FROM w"
+        ))
+    };
+    assert_eq!(
+        write(old_gen),
+        "0",
+        "a stale holder's write must be rejected"
+    );
+    assert_eq!(write(new_gen), "1");
+    new.release().unwrap();
+    assert_eq!(
+        write(new_gen),
+        "0",
+        "a released holder's write must be rejected"
+    );
+}
+
+#[test]
+fn a_server_restart_marks_the_lease_lost_and_it_can_be_had_again() {
+    let _alone = SERVER.write().unwrap_or_else(|e| e.into_inner());
+    let u = url();
+    let l = Lease::acquire(&u, &once()).unwrap();
+    let dir = env("SIDELEASE_TEST_PG_DIR");
+    let pg_ctl = format!("{}/pg_ctl", env("SIDELEASE_TEST_PG_BIN"));
+    let restart = std::thread::spawn(move || {
+        let st = Command::new("runuser")
+            .args([
+                "-u",
+                "postgres",
+                "--",
+                &pg_ctl,
+                "-D",
+                &format!("{dir}/data"),
+                "-m",
+                "fast",
+                "-w",
+                "restart",
+            ])
+            .stdout(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(st.success());
+    });
+    let took = lost_within(&l, Duration::from_secs(10));
+    eprintln!("lost {took:?} after the restart began");
+    restart.join().unwrap();
+    l.release().unwrap();
+    let again = Lease::acquire(
+        &u,
+        &Options::new().wait(Wait::Timeout(Duration::from_secs(10))),
+    )
+    .unwrap();
+    assert_eq!(again.previous_released_cleanly(), Some(false));
+}
+
+/// A TCP proxy on loopback that the test can cut: from then on it forwards
+/// nothing either way and closes nothing, as a partition would.
+struct Proxy {
+    port: u16,
+    cut: Arc<AtomicBool>,
+}
+
+fn proxy(to: String) -> Proxy {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let cut = Arc::new(AtomicBool::new(false));
+    let c2 = cut.clone();
+    std::thread::spawn(move || {
+        for client in l.incoming().flatten() {
+            let server = TcpStream::connect(&to).unwrap();
+            for (mut a, mut b) in [
+                (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                (server, client),
+            ] {
+                let cut = c2.clone();
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 16384];
+                    let mut kept = Vec::new();
+                    loop {
+                        match a.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) if cut.load(Ordering::SeqCst) => kept.push(n),
+                            Ok(n) => {
+                                if b.write_all(&buf[..n]).is_err() {
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                    if !cut.load(Ordering::SeqCst) {
+                        let _ = b.shutdown(std::net::Shutdown::Both);
+                    } else {
+                        // A partition closes nothing: keep both ends open.
+                        std::mem::forget((a, b));
+                    }
+                });
+            }
+        }
+    });
+    Proxy { port, cut }
+}
+
+#[test]
+fn a_network_cut_marks_the_holder_lost_before_the_server_frees_the_lease() {
+    let _server = sharing_the_server();
+    let base = env("SIDELEASE_TEST_PG");
+    let port = url_port(&base);
+    let p = proxy(format!("127.0.0.1:{port}"));
+    let direct = url();
+    let name = direct.rsplit_once("lease=").unwrap().1.to_owned();
+    let via = format!(
+        "postgresql://app:app-secret@127.0.0.1:{}/app?lease={name}",
+        p.port
+    );
+    let l = Lease::acquire(&via, &once()).unwrap();
+    let lost_at = Arc::new(std::sync::Mutex::new(None));
+    let la = lost_at.clone();
+    l.on_lost(move |_| *la.lock().unwrap() = Some(Instant::now()))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(l.state(), LeaseState::Held);
+    let cut_at = Instant::now();
+    p.cut.store(true, Ordering::SeqCst);
+    // A waiter straight to the server: it must get the lease only after
+    // the server ended the old session, and after the holder knew.
+    let got = Lease::acquire(
+        &direct,
+        &Options::new().wait(Wait::Timeout(Duration::from_secs(30))),
+    )
+    .unwrap();
+    let acquired = cut_at.elapsed();
+    let lost = lost_at
+        .lock()
+        .unwrap()
+        .expect("the holder never learned it lost the lease")
+        - cut_at;
+    eprintln!("network cut: holder lost after {lost:?}, waiter acquired after {acquired:?}");
+    assert!(lost <= Duration::from_millis(3500), "{lost:?}");
+    assert!(lost < acquired, "lost {lost:?}, acquired {acquired:?}");
+    assert_eq!(got.previous_released_cleanly(), Some(false));
+    drop(l);
+}
