@@ -233,6 +233,14 @@ def scale(d: str, count: int) -> Dict[str, Any]:
 
 # ---------------------------------------------------------------- report
 
+def postgres(iters: int) -> Dict[str, Any]:
+    """PostgreSQL leases on the cluster bench/run started, beside bare
+    advisory locks on the same server (see bench/rust/src/pg.rs)."""
+    url = os.environ["SIDELEASE_TEST_PG"] + f"?lease=bench-{os.getpid()}"
+    out = subprocess.run([RUST, "pg", url, str(iters)], check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
 def verdict(ok: bool) -> str:
     return "**met**" if ok else "**missed**"
 
@@ -286,6 +294,12 @@ def targets(r: Dict[str, Any]) -> List[Tuple[str, str, str]]:
     for name, v in r["scale"].items():
         a, b = v["first_thousand"]["median_ns"], v["last_thousand"]["median_ns"]
         rows.append((f"acquire flat to 10,000 held leases (last ≤ 1.2× first): {name}", f"{b / a:.2f}× ({us(a):.1f} → {us(b):.1f} µs)", verdict(b <= 1.2 * a)))
+    pg = r["postgres"]
+    c, bc, b = pg["cycle"]["median_ns"], pg["bare_connect_round_trip"]["median_ns"], pg["bare_round_trip"]["median_ns"]
+    rows.append(("PostgreSQL acquire + release ≤ 1.5× a bare connect + try-lock + unlock", f"{c / bc:.2f}× ({us(c):.0f} vs {us(bc):.0f} µs; "
+                 f"{c / b:.0f}× a bare try-lock + unlock on an open connection, {us(b):.0f} µs)", verdict(c <= 1.5 * bc)))
+    h, bh = pg["handoff"]["median_ns"], pg["bare_handoff"]["median_ns"]
+    rows.append(("PostgreSQL handoff median ≤ 5× a bare pg_advisory_lock waiter's", f"{h / bh:.2f}× ({us(h):.0f} vs {us(bh):.0f} µs)", verdict(h <= 5 * bh)))
     return rows
 
 
@@ -379,6 +393,12 @@ def report(r: Dict[str, Any], quick: bool, pngs: List[str], elapsed: float) -> s
     for name, v in r["scale"].items():
         a, b = v["first_thousand"]["median_ns"], v["last_thousand"]["median_ns"]
         out.append(f"| {name} | {us(a):.1f} | {us(b):.1f} | {b / a:.2f} | {v['rss_per_lease_bytes']:.0f} B |")
+    out += ["", "## 8. PostgreSQL leases (local server, loopback TCP, scram-sha-256)", "",
+            "A lease has a connection of its own, so its floor is a bare connect + `pg_try_advisory_lock` + "
+            "`pg_advisory_unlock`; the bare round trip on an open connection is shown for scale. Handoff: "
+            "from the holder's release call to the waiter (another process) holding, beside a bare "
+            "`pg_advisory_lock` waiter woken by `pg_advisory_unlock`.", "",
+            table({k.replace("_", " "): v for k, v in r["postgres"].items()})]
     out += ["", "## Notes", "", NOTES]
     return "\n".join(out) + "\n"
 
@@ -446,6 +466,7 @@ def main() -> int:
             ("inspect", lambda: inspect_with_locks(d, 20 if q else 200)),
             ("scale", lambda: scale(d, 2_000 if q else 10_000)),
             ("syscalls", lambda: S.measure(q)),
+            ("postgres", lambda: postgres(50 if q else 500)),
         ]
         for name, f in steps:
             t = time.monotonic()

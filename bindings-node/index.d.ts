@@ -113,6 +113,8 @@ export interface Inspection {
     | 'unknown';
   orphans: { pid: number; inode: number }[];
   unattributed: number;
+  /** A PostgreSQL lease's holding session (`pg_locks` + `pg_stat_activity`); null for a file lease or a free one. */
+  server: { backendPid: number; clientAddr: string | null; applicationName: string | null } | null;
 }
 
 export type SideleaseErrorCode =

@@ -88,10 +88,11 @@ function typeError(name, expected, value) {
 function targetArg(target) {
   if (typeof target === 'string' && target.startsWith('file://')) target = new URL(target);
   if (target instanceof URL) {
-    if (target.protocol !== 'file:') throw typeError('target', 'a string or a file: URL', target);
+    if (target.protocol === 'postgresql:' || target.protocol === 'postgres:') return target.href;
+    if (target.protocol !== 'file:') throw typeError('target', 'a string, a file: URL or a postgresql: URL', target);
     return require('node:url').fileURLToPath(target);
   }
-  if (typeof target !== 'string') throw typeError('target', 'a string or a file: URL', target);
+  if (typeof target !== 'string') throw typeError('target', 'a string, a file: URL or a postgresql: URL', target);
   return target;
 }
 
@@ -379,6 +380,7 @@ function abortError(signal) {
 }
 
 const INSPECT_KEYS = { lease_path: 'leasePath', record_status: 'recordStatus' };
+const SERVER_KEYS = { backend_pid: 'backendPid', client_addr: 'clientAddr', application_name: 'applicationName' };
 
 /** Who holds the lease of `target`, from the kernel; never takes or disturbs it. */
 function inspect(target, options) {
@@ -395,6 +397,7 @@ function inspect(target, options) {
   const raw = JSON.parse(call(native.inspectJson, t, suffix));
   const out = {};
   for (const [k, v] of Object.entries(raw)) out[INSPECT_KEYS[k] || k] = v;
+  if (out.server) out.server = Object.fromEntries(Object.entries(out.server).map(([k, v]) => [SERVER_KEYS[k] || k, v]));
   return out;
 }
 

@@ -59,3 +59,8 @@ fn main() -> ExitCode {
         Command::Hold(args) => hold::run(args),
     }
 }
+
+/// Whether a target or lease path is a PostgreSQL URL.
+pub(crate) fn is_postgres(p: &std::path::Path) -> bool {
+    sidelease::pg::is_target(p)
+}

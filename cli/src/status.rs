@@ -38,7 +38,22 @@ fn pids(p: &[u32]) -> String {
 
 pub fn human(i: &Inspection) -> String {
     let mut out = format!("{}: {}\n", i.lease_path.display(), i.state.as_str());
-    out += &format!("  holders:    {}\n", pids(&i.holders));
+    if crate::is_postgres(&i.lease_path) {
+        if let Some(s) = &i.server {
+            out += &format!(
+                "  session:    backend pid {} from {} ({})\n",
+                s.backend_pid,
+                s.client_addr
+                    .as_deref()
+                    .unwrap_or("a local socket or hidden"),
+                s.application_name
+                    .as_deref()
+                    .unwrap_or("application name hidden")
+            );
+        }
+    } else {
+        out += &format!("  holders:    {}\n", pids(&i.holders));
+    }
     out += &format!("  record:     {}", i.record_status.as_str());
     if let Some(r) = &i.record {
         let mut parts = Vec::new();

@@ -15,6 +15,9 @@ use crate::options::{Options, Wait};
 use crate::pg;
 use crate::platform::notify::CancelToken;
 
+// One per acquisition, on the caller's stack: boxing the file variant would
+// add an allocation to every file acquisition.
+#[allow(clippy::large_enum_variant)]
 enum Inner {
     File(FilePending),
     Pg(pg::Attempt),

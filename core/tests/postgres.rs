@@ -278,6 +278,7 @@ fn terminating_the_session_marks_the_lease_lost_and_a_waiter_gets_it() {
     assert!(matches!(l.state(), LeaseState::Lost(_)));
     assert_eq!(l.ensure_held().unwrap_err().kind(), ErrorKind::Lost);
     let mut fds = [rustix::event::PollFd::from_borrowed_fd(
+        // SAFETY: the lease (alive until its release below) keeps it open.
         unsafe { std::os::fd::BorrowedFd::borrow_raw(raw) },
         rustix::event::PollFlags::IN,
     )];
@@ -343,8 +344,12 @@ fn timeouts_and_cancellation() {
     // The cancelled wait leaves no waiter behind on the server.
     let mut waiting_on_server = String::new();
     for _ in 0..50 {
-        waiting_on_server =
-            psql("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted");
+        waiting_on_server = psql(&format!(
+            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+             WHERE l.locktype = 'advisory' AND NOT l.granted AND a.application_name LIKE 'sidelease {}@% {}'",
+            std::process::id(),
+            u.rsplit_once("lease=").unwrap().1
+        ));
         if waiting_on_server == "0" {
             break;
         }
@@ -463,12 +468,8 @@ fn the_fencing_check_rejects_a_stale_holder() {
     let new = Lease::acquire(&u, &once()).unwrap();
     let new_gen = new.generation().unwrap();
     assert!(new_gen > old_gen);
-    psql(&format!(
-        "CREATE TABLE IF NOT EXISTS fenced_jobs (id int PRIMARY KEY, owner bigint)"
-    ));
-    psql(&format!(
-        "INSERT INTO fenced_jobs VALUES (1, 0) ON CONFLICT DO NOTHING"
-    ));
+    psql("CREATE TABLE IF NOT EXISTS fenced_jobs (id int PRIMARY KEY, owner bigint)");
+    psql("INSERT INTO fenced_jobs VALUES (1, 0) ON CONFLICT DO NOTHING");
     // README's recipe: the write carries the writer's generation and only
     // lands while it is the lease's current one.
     let write = |generation: u64| {

@@ -60,9 +60,11 @@ def _prepare(d: str) -> Tuple[str, str, str]:
     return db, counter, owner
 
 
-def _run_stress(per_process: int, copies: int, tamper: bool, split_guard: bool = True) -> str:
+def _run_stress(per_process: int, copies: int, tamper: bool, split_guard: bool = True,
+                target: Optional[str] = None) -> str:
     d = tempfile.mkdtemp(prefix="sidelease-stress-")
     db, counter, owner = _prepare(d)
+    lease_target = target or db
     agents: List[Agent] = []
     stop = threading.Event()
     tampered = [0]
@@ -87,7 +89,7 @@ def _run_stress(per_process: int, copies: int, tamper: bool, split_guard: bool =
 
     try:
         agents = [Agent(rt, f"{rt}-{i}") for i in range(copies) for rt in RUNTIMES]
-        cmd = {"cmd": "stress", "target": db, "counter": counter, "owner": owner,
+        cmd = {"cmd": "stress", "target": lease_target, "counter": counter, "owner": owner,
                "iterations": per_process, "timeout": 60, "split_guard": split_guard}
         t = threading.Thread(target=tamperer) if tamper else None
         if t:
@@ -326,7 +328,15 @@ def crash_injection(soak: bool) -> str:
         shutil.rmtree(d, ignore_errors=True)
 
 
+def pg_mutual_exclusion(soak: bool) -> str:
+    """Ten processes, two of each runtime, each a thousand critical sections
+    under one PostgreSQL lease."""
+    import pg
+    return _run_stress(3000 if soak else 1000, 2, tamper=False, target=pg.lease_url("stress"))
+
+
 CHECKS: List[Tuple[str, Callable[[bool], str]]] = [
+    ("PostgreSQL mutual exclusion", pg_mutual_exclusion),
     ("mutual exclusion", mutual_exclusion),
     ("crash injection", crash_injection),
     ("tampering", tampering),

@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from agents import CAPABILITIES, RECORD_RUNTIME, ROOT, RUNTIMES, Agent, HandshakeError, kill_pid  # noqa: E402
 import faults  # noqa: E402
+import pg  # noqa: E402
 
 SCENARIOS = ROOT / "tests" / "scenarios"
 
@@ -39,6 +40,7 @@ class Context:
         self.children: List[int] = []
         self.fds: List[int] = []
         self.db = os.path.join(self.dir, "app.db")
+        self.pg = pg.lease_url(os.path.basename(self.dir))
 
     def agent(self, role: str) -> Agent:
         if role not in self.agents:
@@ -49,6 +51,9 @@ class Context:
 
     def subst(self, v: Any) -> Any:
         if isinstance(v, str):
+            if "$pg" in v:
+                v = (v.replace("$pgshown", pg.shown(self.pg)).replace("$pgwrongpw", pg.wrong_password(self.pg))
+                     .replace("$pgnolease", self.pg.split("?")[0]).replace("$pg", self.pg))
             v = v.replace("$lease", self.db + ".backend-lease").replace("$db", self.db).replace("$dir", self.dir)
             if v.startswith("$pid:"):
                 return self.agent(v[5:]).pid
@@ -137,6 +142,13 @@ def run_step(ctx: Context, step: Dict[str, Any]) -> None:
                 raise HandshakeError(f"{who} never opened the lease file")
             time.sleep(0.002)
         return
+    elif kind == "pg_blocked":  # someone waits for an advisory lock on the server
+        pg.wait_blocked()
+        return
+    elif kind == "pg_terminate":  # end the agent's lease sessions from the server
+        n = pg.terminate(ctx.agent(who).pid)
+        assert n >= 1, f"no session of {who} to terminate"
+        return
     elif kind == "signal":
         ctx.agent(who).signal(getattr(signal, "SIG" + step["sig"]))
         return
@@ -152,6 +164,8 @@ def run_step(ctx: Context, step: Dict[str, Any]) -> None:
         raise ValueError(f"unknown step {kind!r}")
     if "child" in got:
         ctx.children.append(got["child"])
+    for secret in pg.SECRETS:
+        assert secret not in json.dumps(got), f"a password shows in {got}"
     problems = match(ctx, ctx.subst(step.get("expect", {})), got, who or "")
     if problems:
         raise AssertionError("; ".join(problems))

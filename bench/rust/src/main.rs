@@ -3,6 +3,7 @@
 //!   sidelease-bench cycle|shared|refused|inspect TARGET ITERS   JSON stats (ns)
 //!   sidelease-bench scale DIR COUNT                             first/last thousand, RSS
 //!   sidelease-bench waiter TARGET                               handoff waiter (stdin protocol)
+//!   sidelease-bench pg URL?lease=NAME ITERS                     PostgreSQL leases beside bare advisory locks
 
 use std::io::{BufRead, Write};
 use std::path::Path;
@@ -11,13 +12,15 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use sidelease::{inspect, Lease, Options, Wait};
 
-fn stats(mut ns: Vec<u64>) -> Value {
+mod pg;
+
+pub(crate) fn stats(mut ns: Vec<u64>) -> Value {
     ns.sort_unstable();
     let at = |q: f64| ns[((ns.len() as f64 - 1.0) * q) as usize];
     json!({"n": ns.len(), "median_ns": at(0.5), "p99_ns": at(0.99)})
 }
 
-fn measure(iters: usize, mut f: impl FnMut()) -> Value {
+pub(crate) fn measure(iters: usize, mut f: impl FnMut()) -> Value {
     for _ in 0..iters / 10 + 1 {
         f();
     }
@@ -31,7 +34,7 @@ fn measure(iters: usize, mut f: impl FnMut()) -> Value {
 }
 
 /// CLOCK_MONOTONIC in ns, the clock every waiter of every language reports.
-fn monotonic_ns() -> u64 {
+pub(crate) fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -94,6 +97,7 @@ fn main() {
         }),
         "scale" => scale(target, n),
         "waiter" => return waiter(target),
+        "pg" => pg::run(&args[1], n),
         m => panic!("unknown mode {m}"),
     };
     println!("{out}");

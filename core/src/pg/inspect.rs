@@ -28,7 +28,7 @@ pub(crate) async fn holder_row(
     }
     let rows = c
         .query_typed(
-            "SELECT generation, holder::text, to_json(released_at) #>> '{}' \
+            "SELECT generation, holder::text, to_char(released_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"') \
              FROM sidelease_leases WHERE name = $1",
             &[(&t.name, Type::TEXT)],
         )

@@ -513,7 +513,7 @@ impl Run {
         let rows = c
             .query_typed(
                 "WITH prev AS (SELECT generation, holder::text AS holder, \
-                     to_json(released_at) #>> '{}' AS released_at \
+                     to_char(released_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"') AS released_at \
                      FROM sidelease_leases WHERE name = $1) \
                  INSERT INTO sidelease_leases AS t (name, key, generation, holder, acquired_at, released_at) \
                  VALUES ($1, $2, 1, $3::jsonb, now(), NULL) \

@@ -99,7 +99,7 @@ pub fn mask(url: &str) -> String {
         let parts: Vec<String> = q
             .split('&')
             .map(|p| match p.split_once('=') {
-                Some((k, _)) if k == "password" => "password=***".to_owned(),
+                Some(("password", _)) => "password=***".to_owned(),
                 _ => p.to_owned(),
             })
             .collect();
@@ -242,7 +242,7 @@ fn strip_quoted(msg: &str) -> String {
         if c == '`' || c == '"' {
             quoted = !quoted;
             if quoted {
-                out.push_str("…");
+                out.push('…');
             }
             continue;
         }

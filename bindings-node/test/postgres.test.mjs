@@ -1,0 +1,105 @@
+// PostgreSQL leases from Node and Bun: acquireAsync woken by the server, an
+// AbortSignal that leaves no waiter on the server, and lease.signal when the
+// session is terminated. Needs the cluster tests/run starts (SIDELEASE_TEST_PG*).
+import { test, describe } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import crypto from 'node:crypto';
+import path from 'node:path';
+
+import * as sidelease from '../index.mjs';
+import { Holder, withTimeout, STEP } from './helpers.mjs';
+
+function url() {
+  const base = process.env.SIDELEASE_TEST_PG;
+  if (!base) throw new Error('SIDELEASE_TEST_PG is not set: eval "$(bash tests/pg/cluster start)" (tests/run does)');
+  return `${base}?lease=js-${crypto.randomBytes(6).toString('hex')}`;
+}
+
+function psql(sql) {
+  const e = process.env;
+  let cmd = path.join(e.SIDELEASE_TEST_PG_BIN, 'psql');
+  let args = ['-X', '-q', '-t', '-A', '-v', 'ON_ERROR_STOP=1', '-h', e.SIDELEASE_TEST_PG_DIR, '-p', e.SIDELEASE_TEST_PG_PORT,
+    '-U', 'postgres', '-d', 'app', '-c', sql];
+  if (process.getuid() === 0) {
+    args = ['-u', 'postgres', '--', cmd, ...args];
+    cmd = 'runuser';
+  }
+  return execFileSync(cmd, args, { encoding: 'utf8' }).trim();
+}
+
+// Sessions of this process waiting for the lease `u`.
+function waiters(u) {
+  const name = u.split('lease=')[1];
+  return Number(psql(`SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+    WHERE l.locktype = 'advisory' AND NOT l.granted AND a.application_name LIKE 'sidelease ${process.pid}@% ${name}'`));
+}
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+describe('PostgreSQL leases', () => {
+  test('acquireAsync waits on the server, keeps the loop free, and wakes on release', async () => {
+    const u = url();
+    const h = await Holder.start(u);
+    try {
+      await assert.rejects(sidelease.acquireAsync(u), (e) => e.code === 'SIDELEASE_IN_USE' && e.holder.pid === h.pid);
+      let ticks = 0;
+      const ticker = setInterval(() => ticks++, 10);
+      const waiting = sidelease.acquireAsync(u, { timeout: STEP });
+      await sleep(400);
+      assert.equal(waiters(u), 1);
+      await h.release();
+      const lease = await withTimeout(waiting, STEP, 'wake on release');
+      clearInterval(ticker);
+      assert.ok(ticks > 20, `the event loop stalled (${ticks} ticks)`);
+      assert.equal(lease.generation, 2);
+      assert.equal(lease.previousReleasedCleanly, true);
+      assert.ok(!lease.leasePath.includes('app-secret'));
+      const info = sidelease.inspect(u);
+      assert.equal(info.state, 'held');
+      assert.equal(info.recordStatus, 'self');
+      assert.equal(info.server.clientAddr, '127.0.0.1');
+      assert.equal(sidelease.inspect(new URL(u)).state, 'held');
+      lease.release();
+    } finally {
+      h.close();
+    }
+  });
+
+  test('an AbortSignal ends the wait and leaves no waiter on the server', async () => {
+    const u = url();
+    const h = await Holder.start(u);
+    try {
+      const ac = new AbortController();
+      const waiting = sidelease.acquireAsync(u, { timeout: Infinity, signal: ac.signal });
+      await sleep(300);
+      assert.equal(waiters(u), 1);
+      ac.abort();
+      await assert.rejects(waiting, (e) => e.name === 'AbortError');
+      let left = waiters(u);
+      for (let i = 0; i < 100 && left; i++) {
+        await sleep(20);
+        left = waiters(u);
+      }
+      assert.equal(left, 0);
+    } finally {
+      h.close();
+    }
+  });
+
+  test('terminating the session aborts lease.signal within 2 s', async () => {
+    const u = url();
+    const lease = sidelease.acquire(u);
+    const aborted = new Promise((r) => lease.signal.addEventListener('abort', r, { once: true }));
+    const n = psql(`SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+      WHERE application_name LIKE 'sidelease ${process.pid}@% ${u.split('lease=')[1]}'`);
+    assert.equal(n, '1');
+    const t = Date.now();
+    await withTimeout(aborted, 2000, 'lease.signal after pg_terminate_backend');
+    assert.ok(Date.now() - t < 2000);
+    assert.equal(lease.state, 'lost');
+    assert.match(lease.lostReason, /terminating connection/);
+    assert.throws(() => lease.ensureHeld(), (e) => e.code === 'SIDELEASE_LOST');
+    lease.release();
+  });
+});

@@ -1,0 +1,146 @@
+"""PostgreSQL leases from Python: async waits woken by the server, task
+cancellation that leaves no waiter on the server, and the lost signal when
+the session is terminated. Needs the cluster tests/run starts
+(SIDELEASE_TEST_PG*)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+import sidelease
+
+HERE = os.path.dirname(__file__)
+
+
+def _url() -> str:
+    base = os.environ.get("SIDELEASE_TEST_PG")
+    if not base:
+        pytest.fail("SIDELEASE_TEST_PG is not set: eval \"$(bash tests/pg/cluster start)\" (tests/run does)")
+    return f"{base}?lease=py-{uuid.uuid4().hex[:12]}"
+
+
+def _psql(sql: str) -> str:
+    cmd = [os.path.join(os.environ["SIDELEASE_TEST_PG_BIN"], "psql"), "-X", "-q", "-t", "-A", "-v", "ON_ERROR_STOP=1",
+           "-h", os.environ["SIDELEASE_TEST_PG_DIR"], "-p", os.environ["SIDELEASE_TEST_PG_PORT"], "-U", "postgres",
+           "-d", "app", "-c", sql]
+    if os.geteuid() == 0:
+        cmd = ["runuser", "-u", "postgres", "--"] + cmd
+    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip()
+
+
+HOLD = "import sidelease, sys, time; l = sidelease.acquire(sys.argv[1]); print('held', flush=True); time.sleep(600)"
+
+
+def _holder(url: str) -> subprocess.Popen[str]:
+    p = subprocess.Popen([sys.executable, "-c", HOLD, url], stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None and p.stdout.readline().strip() == "held"
+    return p
+
+
+def _waiters(url: str) -> int:
+    """Sessions of this process waiting for the lease `url`."""
+    name = url.rsplit("lease=", 1)[1]
+    return int(_psql("SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                     "WHERE l.locktype = 'advisory' AND NOT l.granted "
+                     f"AND a.application_name = 'sidelease {os.getpid()}@' || split_part(a.application_name, '@', 2) "
+                     f"AND a.application_name LIKE '% {name}'"))
+
+
+def test_acquire_async_is_woken_by_the_server_and_the_loop_keeps_running() -> None:
+    url = _url()
+    holder = _holder(url)
+
+    async def main() -> sidelease.Lease:
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        t = asyncio.ensure_future(ticker())
+        waiting = asyncio.ensure_future(sidelease.acquire_async(url, timeout=20))
+        await asyncio.sleep(0.5)
+        assert not waiting.done()
+        holder.kill()
+        lease = await asyncio.wait_for(waiting, 5)
+        t.cancel()
+        assert ticks > 20, f"the event loop stalled while waiting ({ticks} ticks)"
+        return lease
+
+    try:
+        lease = asyncio.run(main())
+        assert lease.generation == 2
+        assert lease.previous_released_cleanly is False
+        assert "app-secret" not in lease.lease_path
+        lease.release()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_cancelling_the_task_leaves_no_waiter_on_the_server() -> None:
+    url = _url()
+    holder = _holder(url)
+
+    async def main() -> None:
+        waiting = asyncio.ensure_future(sidelease.acquire_async(url, timeout=None))
+        await asyncio.sleep(0.3)
+        assert _waiters(url) >= 1
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+
+    try:
+        asyncio.run(main())
+        deadline = time.monotonic() + 2
+        while _waiters(url) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _waiters(url) == 0
+        token = sidelease.CancelToken()
+
+        async def sync_in_thread() -> None:
+            loop = asyncio.get_running_loop()
+            fut = loop.run_in_executor(None, lambda: sidelease.acquire(url, timeout=None, cancel=token))
+            await asyncio.sleep(0.3)
+            token.cancel()
+            with pytest.raises(sidelease.LeaseCancelled):
+                await fut
+
+        asyncio.run(sync_in_thread())
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_terminated_session_makes_the_lease_lost() -> None:
+    url = _url()
+    lease = sidelease.acquire(url)
+
+    async def main() -> None:
+        lost = asyncio.ensure_future(lease.wait_lost())
+        await asyncio.sleep(0.1)
+        n = _psql("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                  f"WHERE application_name LIKE 'sidelease {os.getpid()}@% {url.rsplit('lease=', 1)[1]}'")
+        assert n == "1"
+        t = time.monotonic()
+        err = await asyncio.wait_for(lost, 2)
+        assert time.monotonic() - t < 2
+        assert isinstance(err, sidelease.LeaseLost)
+        assert "terminating connection" in str(err)
+
+    asyncio.run(main())
+    assert lease.state == "lost"
+    with pytest.raises(sidelease.LeaseLost):
+        lease.ensure_held()
+    lease.release()
+    info = sidelease.inspect(url)
+    assert info["state"] == "free" and info["record_status"] == "stale"
