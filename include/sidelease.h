@@ -209,7 +209,9 @@ sidelease_status sidelease_strerror(int32_t status, char *buf, size_t len, size_
  * Inspect the lease of `target` without taking, blocking or disturbing it.
  * `suffix` may be NULL for the default. `*out` receives a JSON object
  * (keys target, lease_path, state, holders, record, record_status,
- * orphans, unattributed) to free with sidelease_string_free().
+ * orphans, unattributed, and server: for a PostgreSQL target the session
+ * holding it, {backend_pid, client_addr, application_name}, else null) to
+ * free with sidelease_string_free().
  *
  * Returns SIDELEASE_OK, SIDELEASE_ERR_NULL_ARGUMENT,
  * SIDELEASE_ERR_INVALID_ARGUMENT or SIDELEASE_ERR_IO.
@@ -218,7 +220,7 @@ sidelease_status sidelease_inspect_json(const char *target, const char *suffix, 
 
 /**
  * Acquire the lease of `target` (a path; it need not exist, its directory
- * must). `opts` may be NULL for the defaults (one attempt). `cancel` may be
+ * must; or a PostgreSQL lease, `postgresql://user@host/db?lease=NAME`). `opts` may be NULL for the defaults (one attempt). `cancel` may be
  * NULL; otherwise sidelease_cancel_cancel() from another thread ends a wait.
  * On success `*out` receives a handle to release with
  * sidelease_lease_release() and free with sidelease_lease_free().

@@ -30,7 +30,7 @@ pub enum sidelease_check {
 }
 
 /// Acquire the lease of `target` (a path; it need not exist, its directory
-/// must). `opts` may be NULL for the defaults (one attempt). `cancel` may be
+/// must; or a PostgreSQL lease, `postgresql://user@host/db?lease=NAME`). `opts` may be NULL for the defaults (one attempt). `cancel` may be
 /// NULL; otherwise sidelease_cancel_cancel() from another thread ends a wait.
 /// On success `*out` receives a handle to release with
 /// sidelease_lease_release() and free with sidelease_lease_free().

@@ -287,8 +287,10 @@ def test_inspect_keys(db: str) -> None:
         "record_status",
         "orphans",
         "unattributed",
+        "server",
     }
     assert i["state"] == "free" and i["record_status"] == "empty" and i["record"] is None
+    assert i["server"] is None
     with sidelease.acquire(db):
         i = sidelease.inspect(db, suffix=".backend-lease")
         assert i["record_status"] == "self" and i["holders"] == [os.getpid()]

@@ -113,12 +113,14 @@ impl Pending {
         }
     }
 
-    /// When the caller should give up (`None`: never, or, for a PostgreSQL
-    /// lease, when `try_acquire` says so: the server keeps its time).
+    /// When the caller should give up (`None`: never). For a PostgreSQL
+    /// lease the server keeps the time and `try_acquire` reports the
+    /// timeout; this deadline, a few seconds later, only ends an
+    /// acquisition whose server stopped answering.
     pub fn deadline(&self) -> Option<Instant> {
         match &self.inner {
             Inner::File(f) => f.deadline(),
-            Inner::Pg(_) => None,
+            Inner::Pg(p) => p.deadline(),
         }
     }
 

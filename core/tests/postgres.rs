@@ -599,14 +599,31 @@ fn a_network_cut_marks_the_holder_lost_before_the_server_frees_the_lease() {
     assert_eq!(l.state(), LeaseState::Held);
     let cut_at = Instant::now();
     p.cut.store(true, Ordering::SeqCst);
-    // A waiter straight to the server: it must get the lease only after
-    // the server ended the old session, and after the holder knew.
-    let got = Lease::acquire(
-        &direct,
-        &Options::new().wait(Wait::Timeout(Duration::from_secs(30))),
-    )
-    .unwrap();
+    // A waiter straight to the server, in another process: it must get the
+    // lease only after the server ended the old session, and after the
+    // holder knew.
+    let mut waiter = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_acquires_waiting",
+            "--nocapture",
+            "--include-ignored",
+        ])
+        .env("SIDELEASE_CHILD_URL", &direct)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = waiter.stdout.take().unwrap();
+    let mut seen = String::new();
+    let mut buf = [0u8; 256];
+    while !seen.contains("CHILD ") || !seen.ends_with('\n') {
+        let n = out.read(&mut buf).unwrap();
+        assert!(n > 0, "waiter ended: {seen}");
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
     let acquired = cut_at.elapsed();
+    waiter.wait().unwrap();
+    assert!(seen.contains("CHILD acquired 2 clean=false"), "{seen}");
     let lost = lost_at
         .lock()
         .unwrap()
@@ -615,6 +632,79 @@ fn a_network_cut_marks_the_holder_lost_before_the_server_frees_the_lease() {
     eprintln!("network cut: holder lost after {lost:?}, waiter acquired after {acquired:?}");
     assert!(lost <= Duration::from_millis(3500), "{lost:?}");
     assert!(lost < acquired, "lost {lost:?}, acquired {acquired:?}");
-    assert_eq!(got.previous_released_cleanly(), Some(false));
-    drop(l);
+    // Releasing the lost lease over the cut network ends, and in time.
+    let t = Instant::now();
+    let _ = l.release();
+    assert!(t.elapsed() < Duration::from_secs(8), "{:?}", t.elapsed());
+}
+
+#[test]
+fn two_spellings_of_one_server_share_instead_of_waiting_on_themselves() {
+    let _server = sharing_the_server();
+    let u = url();
+    let a = Lease::acquire(&u, &once()).unwrap();
+    let other = u.replace("@127.0.0.1:", "@localhost:");
+    assert_ne!(other, u);
+    let t = Instant::now();
+    let b = Lease::acquire(
+        &other,
+        &Options::new().wait(Wait::Timeout(Duration::from_secs(20))),
+    )
+    .unwrap();
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    assert_eq!(b.generation(), a.generation());
+    assert_eq!(b.record().nonce, a.record().nonce);
+    a.release().unwrap();
+    b.release().unwrap();
+    assert_eq!(inspect(&u, &Options::new()).unwrap().state, State::Free);
+}
+
+#[test]
+fn a_release_waits_out_a_fencing_transaction_and_is_recorded() {
+    let _server = sharing_the_server();
+    let u = url();
+    let name = u.rsplit_once("lease=").unwrap().1.to_owned();
+    let l = Lease::acquire(&u, &once()).unwrap();
+    let fencing = std::thread::spawn(move || {
+        psql(&format!(
+            "BEGIN; SELECT generation FROM sidelease_leases WHERE name = '{name}' FOR SHARE; \
+             SELECT pg_sleep(1); COMMIT;"
+        ))
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let t = Instant::now();
+    l.release().unwrap();
+    assert!(
+        t.elapsed() >= Duration::from_millis(400),
+        "{:?}",
+        t.elapsed()
+    );
+    fencing.join().unwrap();
+    let next = Lease::acquire(&u, &once()).unwrap();
+    assert_eq!(next.previous_released_cleanly(), Some(true));
+}
+
+#[test]
+fn a_server_that_never_answers_is_an_error_not_a_hang() {
+    let _server = sharing_the_server();
+    let p = proxy(format!("127.0.0.1:{}", url_port(&env("SIDELEASE_TEST_PG"))));
+    p.cut.store(true, Ordering::SeqCst);
+    let u = format!(
+        "postgresql://app:app-secret@127.0.0.1:{}/app?lease=stalled",
+        p.port
+    );
+    for opts in [
+        once(),
+        Options::new().wait(Wait::Timeout(Duration::from_millis(200))),
+    ] {
+        let t = Instant::now();
+        let e = Lease::acquire(&u, &opts).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Io, "{e}");
+        assert!(
+            t.elapsed() < Duration::from_secs(8),
+            "{:?}: {e}",
+            t.elapsed()
+        );
+        assert!(!e.to_string().contains("app-secret"), "{e}");
+    }
 }

@@ -2,6 +2,7 @@
 //! it: its thread does the work and rings an eventfd when it is over, so a
 //! blocking caller polls that descriptor and an event loop watches it.
 
+use std::mem::ManuallyDrop;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -15,7 +16,7 @@ use super::session::{self, Cmd};
 use super::target::Target;
 use crate::error::{Contention, Error, Result};
 use crate::lease::Lease;
-use crate::options::Options;
+use crate::options::{Options, Wait};
 
 /// Where the thread leaves the outcome.
 pub(crate) struct Slot {
@@ -53,6 +54,11 @@ impl Slot {
         self.ring();
     }
 
+    /// Whether the caller gave the acquisition up.
+    pub(crate) fn abandoned(&self) -> bool {
+        self.state().abandoned
+    }
+
     /// Leave the lease `make` lists, unless the caller gave up (false).
     pub(crate) fn finish_with(&self, make: impl FnOnce() -> Lease) -> bool {
         let mut st = self.state();
@@ -68,12 +74,20 @@ impl Slot {
 
 pub(crate) struct Attempt {
     target: Arc<Target>,
-    slot: Arc<Slot>,
-    tx: UnboundedSender<Cmd>,
+    slot: ManuallyDrop<Arc<Slot>>,
+    tx: ManuallyDrop<UnboundedSender<Cmd>>,
     ended: bool,
-    contention: Option<Contention>,
+    contention: Option<Box<Contention>>,
     started: Instant,
+    wait: Wait,
+    /// The fork epoch it began in: a forked child's copy has no thread.
+    epoch: u64,
 }
+
+/// How long past the caller's timeout an acquisition may go before it is
+/// given up without an answer from the server (a stalled server, or one
+/// that stopped answering mid-connect).
+pub(crate) const ANSWER_GRACE: Duration = Duration::from_secs(6);
 
 impl Attempt {
     pub(crate) fn new(url: &str, options: &Options) -> Result<Attempt> {
@@ -100,11 +114,13 @@ impl Attempt {
         }
         Ok(Attempt {
             target,
-            slot,
-            tx,
+            slot: ManuallyDrop::new(slot),
+            tx: ManuallyDrop::new(tx),
             ended: false,
             contention: None,
             started,
+            wait: options.wait,
+            epoch: crate::registry::epoch(),
         })
     }
 
@@ -117,6 +133,12 @@ impl Attempt {
         if self.ended {
             return Err(Error::invalid("pending", "this acquisition already ended"));
         }
+        if self.epoch != crate::registry::epoch() {
+            return Err(Error::invalid(
+                "pending",
+                "this acquisition belongs to the parent process; start a new one in the child",
+            ));
+        }
         let outcome = self.slot.state().outcome.take();
         match outcome {
             None => Ok(None),
@@ -125,7 +147,7 @@ impl Attempt {
                 match r {
                     Ok(l) => Ok(Some(l)),
                     Err(e) => {
-                        self.contention = e.contention().cloned();
+                        self.contention = e.contention().cloned().map(Box::new);
                         Err(e)
                     }
                 }
@@ -142,13 +164,35 @@ impl Attempt {
         Duration::from_secs(1)
     }
 
+    /// When the caller gives up if the server has not answered: its own
+    /// timeout (or none) plus a grace for connecting.
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        match self.wait {
+            Wait::NoWait => self.started.checked_add(ANSWER_GRACE),
+            Wait::Timeout(d) => self.started.checked_add(d)?.checked_add(ANSWER_GRACE),
+            Wait::Forever => None,
+        }
+    }
+
     pub(crate) fn contention_error(&self, timed_out: bool) -> Error {
-        let c = Box::new(self.contention.clone().unwrap_or_else(|| Contention {
-            target: self.shown().to_path_buf(),
-            lease_path: self.shown().to_path_buf(),
-            holder: None,
-            holders: Vec::new(),
-            waited: self.started.elapsed(),
+        if self.contention.is_none() && !self.ended {
+            return session::io_error(
+                &self.target,
+                "connect",
+                format!(
+                    "no answer from the server within {:.1}s",
+                    self.started.elapsed().as_secs_f64()
+                ),
+            );
+        }
+        let c = Box::new(*self.contention.clone().unwrap_or_else(|| {
+            Box::new(Contention {
+                target: self.shown().to_path_buf(),
+                lease_path: self.shown().to_path_buf(),
+                holder: None,
+                holders: Vec::new(),
+                waited: self.started.elapsed(),
+            })
         }));
         if timed_out {
             Error::Timeout(c)
@@ -164,6 +208,12 @@ impl Attempt {
 
 impl Drop for Attempt {
     fn drop(&mut self) {
+        if self.epoch != crate::registry::epoch() {
+            // A forked child's copy: its thread and runtime stayed in the
+            // parent, and the slot's lock may have been held at the fork.
+            // Touch nothing (the slot and the channel are leaked).
+            return;
+        }
         let left = {
             let mut st = self.slot.state();
             st.abandoned = true;
@@ -172,5 +222,10 @@ impl Drop for Attempt {
         // An untaken lease is released here, on the caller's thread.
         drop(left);
         let _ = self.tx.send(Cmd::Cancel);
+        // SAFETY: dropped once, here, and never used again.
+        unsafe {
+            ManuallyDrop::drop(&mut self.tx);
+            ManuallyDrop::drop(&mut self.slot);
+        }
     }
 }

@@ -46,7 +46,7 @@ pub(crate) async fn holder_row(
     }))
 }
 
-async fn lock_holder(
+pub(crate) async fn lock_holder(
     c: &Client,
     t: &Target,
 ) -> std::result::Result<Option<ServerHolder>, tokio_postgres::Error> {

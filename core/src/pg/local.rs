@@ -22,6 +22,7 @@ use crate::lease::{Lease, Phase, Shared};
 #[derive(Default)]
 struct Local {
     held: HashMap<String, Arc<Shared>>,
+    /// Acquisitions in flight, by lease name.
     waiting: HashMap<String, Vec<(u64, UnboundedSender<Cmd>)>>,
 }
 
@@ -63,6 +64,31 @@ pub(crate) fn share(identity: &str) -> Option<Lease> {
     s.shareable().then(|| shared_lease(s.clone()))
 }
 
+/// Whether this process holds the lease `name` on the server backend
+/// `backend_pid` (under another identity: the same server spelled another
+/// way); if so it is listed under `identity` too, so the next attempt
+/// shares it.
+pub(crate) fn share_backend(identity: &str, name: &str, backend_pid: i32) -> bool {
+    let mut g = lock();
+    let found = g
+        .held
+        .values()
+        .find(|s| {
+            s.shareable()
+                && s.pg
+                    .as_ref()
+                    .is_some_and(|l| l.name == name && l.backend_pid == backend_pid)
+        })
+        .cloned();
+    match found {
+        Some(s) => {
+            g.held.insert(identity.to_owned(), s);
+            true
+        }
+        None => false,
+    }
+}
+
 /// Whether another thread of this process holds the lease now.
 pub(crate) fn share_pending(identity: &str) -> bool {
     lock().held.get(identity).is_some_and(|s| s.shareable())
@@ -70,10 +96,12 @@ pub(crate) fn share_pending(identity: &str) -> bool {
 
 /// List the new lease, tell the acquisitions waiting for it to share it,
 /// and hand the first handle out.
-pub(crate) fn insert(identity: &str, s: Arc<Shared>) -> Lease {
+pub(crate) fn insert(identity: &str, name: &str, s: Arc<Shared>) -> Lease {
     let mut g = lock();
     g.held.insert(identity.to_owned(), s.clone());
-    for (_, tx) in g.waiting.get(identity).into_iter().flatten() {
+    // Waiters for the same name under any spelling of the server look
+    // again (one that reaches this lease's backend shares it).
+    for (_, tx) in g.waiting.get(name).into_iter().flatten() {
         let _ = tx.send(Cmd::Share);
     }
     drop(g);

@@ -34,6 +34,88 @@ pub fn is_target(target: &Path) -> bool {
     b.starts_with(b"postgresql://") || b.starts_with(b"postgres://")
 }
 
+/// A PostgreSQL URL cut the way the driver reads it: the credentials run
+/// to the first `@` anywhere (a password with `@`, `/` or `?` in it must be
+/// percent-encoded), then host, path and parameters.
+pub(crate) struct UrlParts<'a> {
+    pub scheme: &'a str,
+    pub creds: Option<&'a str>,
+    /// Hosts and path, up to the parameters.
+    pub place: &'a str,
+    pub query: Option<&'a str>,
+}
+
+pub(crate) fn split_url(url: &str) -> Option<UrlParts<'_>> {
+    let (scheme, rest) = url.split_once("://")?;
+    let (creds, rest) = match rest.split_once('@') {
+        Some((c, r)) => (Some(c), r),
+        None => (None, rest),
+    };
+    let (place, query) = match rest.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (rest, None),
+    };
+    Some(UrlParts {
+        scheme,
+        creds,
+        place,
+        query,
+    })
+}
+
+fn decoded_key_is_password(key: &str) -> bool {
+    let mut out = Vec::new();
+    let b = key.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        let hex = (b[i] == b'%')
+            .then(|| b.get(i + 1..i + 3))
+            .flatten()
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match hex {
+            Some(v) => {
+                out.push(v);
+                i += 3;
+            }
+            None => {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+    }
+    out == b"password"
+}
+
+/// The URL for display: the password (in the credentials or a `password`
+/// parameter, however encoded) replaced by `***`. Anything that does not
+/// look like a URL is shown as `***`.
+pub fn mask(url: &str) -> String {
+    let Some(p) = split_url(url) else {
+        return "***".into();
+    };
+    let mut out = format!("{}://", p.scheme);
+    if let Some(c) = p.creds {
+        match c.split_once(':') {
+            Some((user, _)) => out.push_str(&format!("{user}:***@")),
+            None => out.push_str(&format!("{c}@")),
+        }
+    }
+    out.push_str(p.place);
+    if let Some(q) = p.query {
+        let parts: Vec<String> = q
+            .split('&')
+            .map(|kv| match kv.split_once('=') {
+                Some((k, _)) if decoded_key_is_password(k) => format!("{k}=***"),
+                _ => kv.to_owned(),
+            })
+            .collect();
+        out.push('?');
+        out.push_str(&parts.join("&"));
+    }
+    out
+}
+
 fn url_of(target: &Path) -> Result<&str> {
     target
         .to_str()
@@ -72,7 +154,7 @@ mod off {
     pub(crate) enum Attempt {}
 
     fn refuse(target: &Path) -> Error {
-        let shown = url_of(target).map(mask_password).unwrap_or_default();
+        let shown = url_of(target).map(mask).unwrap_or_default();
         Error::invalid(
             "target",
             format!(
@@ -80,13 +162,6 @@ mod off {
                  `postgres` of the core)"
             ),
         )
-    }
-
-    fn mask_password(url: &str) -> String {
-        match (url.find("://"), url.rfind('@')) {
-            (Some(s), Some(at)) if at > s => format!("{}://***{}", &url[..s], &url[at..]),
-            _ => url.to_owned(),
-        }
     }
 
     pub(crate) fn attempt(target: &Path, _: &crate::Options) -> Result<Attempt> {
@@ -120,6 +195,9 @@ mod off {
             match *self {}
         }
         pub(crate) fn contention_error(&self, _: bool) -> Error {
+            match *self {}
+        }
+        pub(crate) fn deadline(&self) -> Option<std::time::Instant> {
             match *self {}
         }
     }

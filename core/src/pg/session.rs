@@ -58,6 +58,9 @@ pub(crate) struct Link {
     epoch: u64,
     thread: std::thread::ThreadId,
     pub identity: String,
+    pub name: String,
+    /// The server backend holding the lock.
+    pub backend_pid: i32,
 }
 
 impl Drop for Link {
@@ -100,11 +103,22 @@ impl Conn {
 }
 
 /// Settings every lease session runs with (sent in the startup packet, so
-/// they cost no round trip; each is one a plain user may set).
-const SESSION_OPTIONS: &str = "-c statement_timeout=0 -c lock_timeout=0 \
+/// they cost no round trip; each is one a plain user may set). The holder
+/// row's writes wait for a row lock at most `ROW_LOCK_TIMEOUT` (an
+/// application's fencing transaction holds one `FOR SHARE`); only the
+/// blocking `pg_advisory_lock` gets the caller's own timeout. The server's
+/// keepalives (2 s idle, 3 probes 1 s apart) notice a silent client after
+/// 5 s, later than the holder notices (3 s); `tcp_user_timeout` is left at
+/// the server's default so it cannot cut that short.
+const SESSION_OPTIONS: &str = "-c statement_timeout=0 -c lock_timeout=5000 \
      -c idle_in_transaction_session_timeout=0 -c idle_session_timeout=10000 \
      -c client_connection_check_interval=1000 -c tcp_keepalives_idle=2 \
-     -c tcp_keepalives_interval=1 -c tcp_keepalives_count=3 -c tcp_user_timeout=3000";
+     -c tcp_keepalives_interval=1 -c tcp_keepalives_count=3";
+const ROW_LOCK_TIMEOUT: &str = "5000";
+
+/// How long a cancelled wait may take to end before its connection is
+/// dropped (the server then ends the wait within a second).
+const CANCEL_GRACE: Duration = Duration::from_secs(2);
 
 pub(crate) fn pg_error(target: &Target, what: &'static str, e: &tokio_postgres::Error) -> Error {
     let text = match e.as_db_error() {
@@ -266,7 +280,7 @@ impl Run {
     }
 
     async fn main(mut self) {
-        local::wait_for(&self.target.identity, self.waiter_id, self.tx.clone());
+        local::wait_for(&self.target.name, self.waiter_id, self.tx.clone());
         let mut connected_once = false;
         loop {
             if let Some(lease) = local::share(&self.target.identity) {
@@ -289,7 +303,7 @@ impl Run {
             connected_once = true;
             match self.attempt(&conn).await {
                 Step::Got { pid, table } => {
-                    local::unwait(&self.target.identity, self.waiter_id);
+                    local::unwait(&self.target.name, self.waiter_id);
                     self.claim(conn, pid, table).await;
                     return;
                 }
@@ -315,7 +329,7 @@ impl Run {
                 }
             }
         }
-        local::unwait(&self.target.identity, self.waiter_id);
+        local::unwait(&self.target.name, self.waiter_id);
     }
 
     /// Sleep before reconnecting; false if the attempt was given up.
@@ -347,15 +361,29 @@ impl Run {
     async fn attempt(&mut self, conn: &Conn) -> Step {
         let c = &conn.client;
         let t = &*self.target;
-        let first = c
-            .query_typed(
-                "SELECT pg_backend_pid(), pg_is_in_recovery(), \
+        let key = [(
+            &t.key as &(dyn tokio_postgres::types::ToSql + Sync),
+            Type::INT8,
+        )];
+        let first = c.query_typed(
+            "SELECT pg_backend_pid(), pg_is_in_recovery(), \
                  to_regclass('sidelease_leases') IS NOT NULL, \
-                 CASE WHEN pg_is_in_recovery() THEN false ELSE pg_try_advisory_lock($1) END, \
-                 set_config('lock_timeout', $2, false)",
-                &[(&t.key, Type::INT8), (&self.lock_timeout_ms(), Type::TEXT)],
-            )
-            .await;
+                 CASE WHEN pg_is_in_recovery() THEN false ELSE pg_try_advisory_lock($1) END",
+            &key,
+        );
+        let first = match tokio::time::timeout(CONNECT_TIMEOUT, first).await {
+            Ok(r) => r,
+            Err(_) => {
+                return Step::Broken(io_error(
+                    t,
+                    "query",
+                    format!(
+                        "the server did not answer within {}s",
+                        CONNECT_TIMEOUT.as_secs()
+                    ),
+                ))
+            }
+        };
         let row = match first {
             Ok(mut rows) if rows.len() == 1 => rows.remove(0),
             Ok(_) => return Step::Fail(io_error(t, "query", "the server answered no row")),
@@ -376,7 +404,7 @@ impl Run {
         if got {
             return Step::Got { pid, table };
         }
-        if local::share_pending(&t.identity) {
+        if local::share_pending(&t.identity) || self.held_here(conn).await {
             return Step::Share;
         }
         if self.opts.wait == Wait::NoWait || !self.time_left() {
@@ -390,12 +418,26 @@ impl Run {
         self.wait(conn, pid, table).await
     }
 
+    /// Whether the session holding the lock is one of this process's own
+    /// leases, reached through another spelling of the server (so the
+    /// identity differed): share it rather than wait on ourselves.
+    async fn held_here(&self, conn: &Conn) -> bool {
+        let t = &*self.target;
+        match super::inspect::lock_holder(&conn.client, t).await {
+            Ok(Some(h)) => local::share_backend(&t.identity, &t.name, h.backend_pid as i32),
+            _ => false,
+        }
+    }
+
     /// Block in `pg_advisory_lock` until the server grants it, the lock
     /// timeout ends it, or the caller gives up (a cancel request to the
     /// server then).
     async fn wait(&mut self, conn: &Conn, pid: i32, table: bool) -> Step {
         let t = self.target.clone();
         let c = &conn.client;
+        if let Err(e) = set_lock_timeout(c, &self.lock_timeout_ms()).await {
+            return Step::Broken(pg_error(&t, "query", &e));
+        }
         let params = [(
             &t.key as &(dyn tokio_postgres::types::ToSql + Sync),
             Type::INT8,
@@ -403,6 +445,8 @@ impl Run {
         let lock = c.query_typed("SELECT pg_backend_pid() FROM pg_advisory_lock($1)", &params);
         tokio::pin!(lock);
         let mut why: Option<Step> = None;
+        let given_up = tokio::time::sleep(Duration::MAX / 4);
+        tokio::pin!(given_up);
         let res = loop {
             tokio::select! {
                 r = &mut lock => break r,
@@ -412,7 +456,14 @@ impl Run {
                         Some(Cmd::Release(_)) => continue,
                         Some(Cmd::Cancel) | None => Some(Step::Cancelled),
                     };
+                    given_up.as_mut().reset(tokio::time::Instant::now() + CANCEL_GRACE);
                     cancel(&t, c).await;
+                }
+                _ = &mut given_up, if why.is_some() => {
+                    // The cancel request did not get through: the caller
+                    // drops this connection, and the server ends the wait
+                    // when it notices (client_connection_check_interval).
+                    return Step::Broken(io_error(&t, "cancel", "the server did not take the cancel request"));
                 }
             }
         };
@@ -436,6 +487,9 @@ impl Run {
             Err(e) if e.code() == Some(&SqlState::QUERY_CANCELED) => false,
             Err(e) => return Step::Broken(pg_error(&t, "query", &e)),
         };
+        if let Err(e) = set_lock_timeout(c, ROW_LOCK_TIMEOUT).await {
+            return Step::Broken(pg_error(&t, "query", &e));
+        }
         match why {
             Some(step) => {
                 if granted {
@@ -454,8 +508,16 @@ impl Run {
     /// to the caller, keep the session.
     async fn claim(self, conn: Conn, pid: i32, table: bool) {
         let t = self.target.clone();
+        if self.slot.abandoned() {
+            // Given up before the row was written: no generation spent.
+            let _ = unlock(&conn.client, t.key).await;
+            conn.close().await;
+            return;
+        }
         match self.write_row(&conn, pid, table).await {
-            Ok((rec, previous, generation)) => self.hold(conn, rec, previous, generation).await,
+            Ok((rec, previous, generation)) => {
+                self.hold(conn, rec, previous, generation, pid).await
+            }
             Err(e) => {
                 let _ = unlock(&conn.client, t.key).await;
                 conn.close().await;
@@ -580,7 +642,14 @@ impl Run {
         Ok((rec, previous, generation))
     }
 
-    async fn hold(mut self, mut conn: Conn, rec: Record, previous: Content, generation: i64) {
+    async fn hold(
+        mut self,
+        mut conn: Conn,
+        rec: Record,
+        previous: Content,
+        generation: i64,
+        pid: i32,
+    ) {
         let t = self.target.clone();
         let shown = PathBuf::from(&t.shown);
         let link = Link {
@@ -588,11 +657,16 @@ impl Run {
             epoch: registry::epoch(),
             thread: std::thread::current().id(),
             identity: t.identity.clone(),
+            name: t.name.clone(),
+            backend_pid: pid,
         };
         let shared = Arc::new(Shared::new_pg(shown.clone(), rec, previous, link));
         let weak: Weak<Shared> = Arc::downgrade(&shared);
         drop(self.tx);
-        if !self.slot.finish_with(|| local::insert(&t.identity, shared)) {
+        if !self
+            .slot
+            .finish_with(|| local::insert(&t.identity, &t.name, shared))
+        {
             // Given up while the row was written: let go at once.
             let _ = release_row(&conn.client, &t, generation).await;
             conn.close().await;
@@ -603,13 +677,13 @@ impl Run {
             tokio::select! {
                 cmd = self.rx.recv() => match cmd {
                     Some(Cmd::Release(reply)) => {
-                        let r = release_row(&conn.client, &t, generation).await;
+                        let r = release_within(&conn.client, &t, generation).await;
                         conn.close().await;
                         let _ = reply.send(r);
                         return;
                     }
                     None => {
-                        let _ = release_row(&conn.client, &t, generation).await;
+                        let _ = release_within(&conn.client, &t, generation).await;
                         conn.close().await;
                         return;
                     }
@@ -622,8 +696,12 @@ impl Run {
                     };
                 }
                 _ = tokio::time::sleep_until(next) => {
-                    match tokio::time::timeout(HEARTBEAT_DEADLINE, conn.client.simple_query("")).await {
-                        Ok(Ok(_)) => next = tokio::time::Instant::now() + HEARTBEAT,
+                    match tokio::time::timeout(HEARTBEAT_DEADLINE, backend_pid(&conn.client)).await {
+                        Ok(Ok(now)) if now == pid => next = tokio::time::Instant::now() + HEARTBEAT,
+                        Ok(Ok(now)) => break format!(
+                            "the server backend changed from pid {pid} to {now}: a transaction-mode \
+                             pooler sits between this process and the server, and the lock stayed \
+                             with the old backend"),
                         Ok(Err(e)) => break format!("the lease's session failed: {}", describe(&e)),
                         Err(_) => break format!(
                             "the server did not answer the lease's heartbeat within {}s \
@@ -633,6 +711,10 @@ impl Run {
                 }
             }
         };
+        // Close the connection first, so the server can end the session
+        // (and free the lock) while the loss callbacks run.
+        conn.task.abort();
+        drop(conn.client);
         if let Some(s) = weak.upgrade() {
             s.mark_lost(Lost {
                 lease_path: shown,
@@ -640,7 +722,6 @@ impl Run {
                 holders: Vec::new(),
             });
         }
-        drop(conn.client);
         // Answer releases until the last handle goes.
         while let Some(cmd) = self.rx.recv().await {
             if let Cmd::Release(reply) = cmd {
@@ -695,6 +776,20 @@ fn pooler(t: &Target, before: i32, after: Option<i32>) -> Error {
     )
 }
 
+async fn set_lock_timeout(c: &Client, ms: &str) -> std::result::Result<(), tokio_postgres::Error> {
+    c.query_typed(
+        "SELECT set_config('lock_timeout', $1, false)",
+        &[(&ms, Type::TEXT)],
+    )
+    .await
+    .map(drop)
+}
+
+async fn backend_pid(c: &Client) -> std::result::Result<i32, tokio_postgres::Error> {
+    let rows = c.query_typed("SELECT pg_backend_pid()", &[]).await?;
+    Ok(rows.first().map_or(0, |r| r.get(0)))
+}
+
 async fn unlock(c: &Client, key: i64) -> std::result::Result<(), tokio_postgres::Error> {
     c.query_typed("SELECT pg_advisory_unlock($1)", &[(&key, Type::INT8)])
         .await
@@ -711,6 +806,26 @@ async fn holds(c: &Client, key: i64) -> std::result::Result<bool, tokio_postgres
         )
         .await?;
     Ok(rows.first().is_some_and(|r| r.get(0)))
+}
+
+/// A release bounded in time: a row lock held by a fencing transaction may
+/// delay it (up to the session's lock timeout), a dead network must not
+/// hang it (the server then ends the session, and the lock, itself).
+async fn release_within(c: &Client, t: &Target, generation: i64) -> Result<()> {
+    let limit =
+        Duration::from_millis(ROW_LOCK_TIMEOUT.parse::<u64>().unwrap_or(5000)) + HEARTBEAT_DEADLINE;
+    match tokio::time::timeout(limit, release_row(c, t, generation)).await {
+        Ok(r) => r,
+        Err(_) => Err(io_error(
+            t,
+            "release",
+            format!(
+                "no answer from the server within {}s; the server ends the session, and frees \
+                 the lock, when it notices",
+                limit.as_secs()
+            ),
+        )),
+    }
 }
 
 /// Record the release (so the next holder reads a clean one), then unlock:

@@ -167,7 +167,7 @@ async fn unix(path: &Path) -> io::Result<Listed> {
     let s = listed_socket(AddressFamily::UNIX)?;
     let addr = rustix::net::SocketAddrUnix::new(path)?;
     match rustix::net::connect(s.borrowed(), &addr) {
-        Ok(()) | Err(rustix::io::Errno::INPROGRESS) | Err(rustix::io::Errno::AGAIN) => {}
+        Ok(()) | Err(rustix::io::Errno::INPROGRESS) => {}
         Err(e) => return Err(e.into()),
     }
     let s = s.adopt(true)?;

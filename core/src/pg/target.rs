@@ -9,6 +9,7 @@ use std::str::FromStr;
 use sha2::{Digest, Sha256};
 use tokio_postgres::config::{Host, SslMode};
 
+use super::{mask, split_url};
 use crate::error::{Error, Result};
 
 /// Longest lease name accepted, in bytes.
@@ -73,47 +74,6 @@ fn percent_decode(s: &str, what: &str) -> Result<String> {
     String::from_utf8(out).map_err(|_| bad(format!("the {what} is not UTF-8")))
 }
 
-/// Mask the password of a PostgreSQL URL (in the user-info part and in a
-/// `password=` parameter) for display.
-pub fn mask(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let (before_query, query) = match rest.split_once('?') {
-        Some((a, q)) => (a, Some(q)),
-        None => (rest, None),
-    };
-    let (authority, path) = match before_query.find('/') {
-        Some(i) => before_query.split_at(i),
-        None => (before_query, ""),
-    };
-    let authority = match authority.rsplit_once('@') {
-        Some((userinfo, hosts)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{user}:***@{hosts}"),
-            None => format!("{userinfo}@{hosts}"),
-        },
-        None => authority.to_owned(),
-    };
-    let mut out = format!("{scheme}://{authority}{path}");
-    if let Some(q) = query {
-        let parts: Vec<String> = q
-            .split('&')
-            .map(|p| match p.split_once('=') {
-                Some(("password", _)) => "password=***".to_owned(),
-                _ => p.to_owned(),
-            })
-            .collect();
-        out.push('?');
-        out.push_str(&parts.join("&"));
-    }
-    out
-}
-
-/// Whether `s` is spelled as a PostgreSQL lease target.
-pub fn is_url(s: &[u8]) -> bool {
-    s.starts_with(b"postgresql://") || s.starts_with(b"postgres://")
-}
-
 impl Target {
     pub fn parse(url: &str) -> Result<Target> {
         if url.contains(|c: char| c.is_control() || c == ' ') {
@@ -123,10 +83,8 @@ impl Target {
             )));
         }
         let shown = mask(url);
-        let (base, query) = match url.split_once('?') {
-            Some((b, q)) => (b, q),
-            None => (url, ""),
-        };
+        let parts = split_url(url).ok_or_else(|| bad(format!("{shown}: not a PostgreSQL URL")))?;
+        let query = parts.query.unwrap_or("");
         let mut name = None;
         let mut passed = Vec::new();
         for p in query.split('&').filter(|p| !p.is_empty()) {
@@ -154,11 +112,16 @@ impl Target {
             ))
         })?;
         check_name(&name, &shown)?;
-        let rebuilt = if passed.is_empty() {
-            base.to_owned()
-        } else {
-            format!("{base}?{}", passed.join("&"))
-        };
+        let mut rebuilt = format!("{}://", parts.scheme);
+        if let Some(c) = parts.creds {
+            rebuilt.push_str(c);
+            rebuilt.push('@');
+        }
+        rebuilt.push_str(parts.place);
+        if !passed.is_empty() {
+            rebuilt.push('?');
+            rebuilt.push_str(&passed.join("&"));
+        }
         let mut config = tokio_postgres::Config::from_str(&rebuilt).map_err(|e| {
             // The parser's message may quote the URL: say what is wrong
             // without it.
