@@ -81,8 +81,9 @@ describe('acquire', () => {
     const db = path.join(tmpdir(), 'app.db');
     const i = sidelease.inspect(db);
     assert.deepEqual(Object.keys(i).sort(), [
-      'holders', 'leasePath', 'orphans', 'record', 'recordStatus', 'state', 'target', 'unattributed',
+      'holders', 'leasePath', 'orphans', 'record', 'recordStatus', 'server', 'state', 'target', 'unattributed',
     ]);
+    assert.equal(i.server, null);
     assert.equal(i.state, 'free');
     assert.equal(i.recordStatus, 'empty');
     assert.equal(fs.existsSync(db + '.backend-lease'), false);

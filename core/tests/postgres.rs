@@ -708,3 +708,17 @@ fn a_server_that_never_answers_is_an_error_not_a_hang() {
         assert!(!e.to_string().contains("app-secret"), "{e}");
     }
 }
+
+#[test]
+fn a_standby_is_refused() {
+    let _server = sharing_the_server();
+    let u = fresh(&env("SIDELEASE_TEST_PG_STANDBY"));
+    for e in [
+        Lease::acquire(&u, &once()).unwrap_err(),
+        inspect(&u, &Options::new()).unwrap_err(),
+    ] {
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+        assert!(e.to_string().contains("standby"), "{e}");
+        assert!(!e.to_string().contains("app-secret"), "{e}");
+    }
+}

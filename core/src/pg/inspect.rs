@@ -94,6 +94,21 @@ pub(crate) fn inspect(url: &str) -> Result<Inspection> {
 
 async fn run(t: &Target) -> Result<Inspection> {
     let conn = session::open(t, Some("sidelease inspect".into())).await?;
+    let standby = conn
+        .client
+        .query_typed("SELECT pg_is_in_recovery()", &[])
+        .await;
+    match standby.map(|r| r.first().is_some_and(|r| r.get::<_, bool>(0))) {
+        Ok(false) => {}
+        Ok(true) => {
+            conn.close().await;
+            return Err(session::standby_error(t));
+        }
+        Err(e) => {
+            conn.close().await;
+            return Err(pg_error(t, "query", &e));
+        }
+    }
     let holder = lock_holder(&conn.client, t).await;
     let row = holder_row(&conn.client, t).await;
     conn.close().await;

@@ -392,14 +392,7 @@ impl Run {
         let (pid, standby, table, got): (i32, bool, bool, bool) =
             (row.get(0), row.get(1), row.get(2), row.get(3));
         if standby {
-            return Step::Fail(Error::invalid(
-                "target",
-                format!(
-                    "{}: the server is a standby (pg_is_in_recovery() is true): advisory locks \
-                     are not shared with the primary; point the URL at the primary",
-                    t.shown
-                ),
-            ));
+            return Step::Fail(standby_error(t));
         }
         if got {
             return Step::Got { pid, table };
@@ -761,6 +754,17 @@ fn privilege_error(t: &Target, what: &'static str, e: &tokio_postgres::Error, ne
     } else {
         pg_error(t, what, e)
     }
+}
+
+pub(crate) fn standby_error(t: &Target) -> Error {
+    Error::invalid(
+        "target",
+        format!(
+            "{}: the server is a standby (pg_is_in_recovery() is true): advisory locks are not \
+             shared with the primary; point the URL at the primary",
+            t.shown
+        ),
+    )
 }
 
 fn pooler(t: &Target, before: i32, after: Option<i32>) -> Error {
