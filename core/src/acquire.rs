@@ -615,33 +615,17 @@ impl FilePending {
         dir: (u64, u64),
         split_checked: bool,
     ) -> Result<Record> {
-        let me = process::current();
-        let nonce = crate::nonce::fresh_hex()
-            .map_err(|e| Error::io("getrandom", Path::new("/dev/urandom"), e))?;
         let target = path::target_of(&of.canon, &self.opts.suffix);
         Ok(Record {
-            schema: Some(record::SCHEMA),
             generation,
-            pid: Some(me.pid),
-            host: me.host.clone(),
-            started_at: Some(record::now_rfc3339()),
-            target: Some(target.to_string_lossy().into_owned()),
             lease_path: Some(of.canon.to_string_lossy().into_owned()),
-            nonce: Some(nonce),
-            boot_id: me.boot_id.clone(),
-            machine_id: me.machine_id.clone(),
-            pid_ns: me.pid_ns,
-            proc_start: me.proc_start,
-            runtime: Some(self.opts.runtime.clone().unwrap_or_else(|| "rust".into())),
-            library: Some(crate::LIBRARY.into()),
-            metadata: self.opts.metadata.clone(),
             device: Some(of.key.0),
             inode: Some(of.key.1),
             split_checked: Some(split_checked),
             dir_device: Some(dir.0),
             dir_inode: Some(dir.1),
             file_name: Some(self.spelled.name.to_string_lossy().into_owned()),
-            released_at: None,
+            ..Record::of_this_process(target.to_string_lossy().into_owned(), &self.opts)?
         })
     }
 

@@ -102,27 +102,16 @@ pub(crate) struct SharedInit {
 
 impl Shared {
     pub(crate) fn new(init: SharedInit) -> Shared {
-        Shared {
-            epoch: registry::epoch(),
-            target: init.target,
-            lease_path: init.lease_path,
-            record: init.record,
-            previous: init.previous,
-            writable: init.anchor.writable,
-            access: init.access,
-            handles: AtomicUsize::new(1),
-            state: Mutex::new(State {
-                anchors: vec![init.anchor],
-                phase: Phase::Held,
-                inherited: None,
-                callbacks: Vec::new(),
-                failing_since: None,
-                contended_since: None,
-                contended_by: None,
-            }),
-            lost_fd: OnceLock::new(),
-            pg: None,
-        }
+        let writable = init.anchor.writable;
+        Shared::build(
+            init.target,
+            init.lease_path,
+            (init.record, init.previous),
+            writable,
+            init.access,
+            vec![init.anchor],
+            None,
+        )
     }
 
     /// A PostgreSQL lease: no lease file, the session is the lock.
@@ -133,21 +122,43 @@ impl Shared {
         previous: Content,
         link: crate::pg::Link,
     ) -> Shared {
+        let access = Access {
+            mode: 0,
+            umask: false,
+            owner: None,
+        };
+        let target = shown.clone();
+        Shared::build(
+            target,
+            shown,
+            (record, previous),
+            true,
+            access,
+            Vec::new(),
+            Some(link),
+        )
+    }
+
+    fn build(
+        target: PathBuf,
+        lease_path: PathBuf,
+        (record, previous): (Record, Content),
+        writable: bool,
+        access: Access,
+        anchors: Vec<Anchor>,
+        pg: Option<crate::pg::Link>,
+    ) -> Shared {
         Shared {
             epoch: registry::epoch(),
-            target: shown.clone(),
-            lease_path: shown,
+            target,
+            lease_path,
             record,
             previous,
-            writable: true,
-            access: Access {
-                mode: 0,
-                umask: false,
-                owner: None,
-            },
+            writable,
+            access,
             handles: AtomicUsize::new(1),
             state: Mutex::new(State {
-                anchors: Vec::new(),
+                anchors,
                 phase: Phase::Held,
                 inherited: None,
                 callbacks: Vec::new(),
@@ -156,7 +167,7 @@ impl Shared {
                 contended_by: None,
             }),
             lost_fd: OnceLock::new(),
-            pg: Some(link),
+            pg,
         }
     }
 

@@ -113,6 +113,38 @@ impl Content {
 }
 
 impl Record {
+    /// A new holder record of this process for `target` (a fresh nonce, no
+    /// generation and no lease-file fields yet).
+    pub(crate) fn of_this_process(target: String, options: &crate::Options) -> Result<Record> {
+        let me = crate::platform::process::current();
+        let nonce = crate::nonce::fresh_hex()
+            .map_err(|e| Error::io("getrandom", std::path::Path::new("/dev/urandom"), e))?;
+        Ok(Record {
+            schema: Some(SCHEMA),
+            generation: None,
+            pid: Some(me.pid),
+            host: me.host.clone(),
+            started_at: Some(now_rfc3339()),
+            target: Some(target),
+            lease_path: None,
+            nonce: Some(nonce),
+            boot_id: me.boot_id.clone(),
+            machine_id: me.machine_id.clone(),
+            pid_ns: me.pid_ns,
+            proc_start: me.proc_start,
+            runtime: Some(options.runtime.clone().unwrap_or_else(|| "rust".into())),
+            library: Some(crate::LIBRARY.into()),
+            metadata: options.metadata.clone(),
+            device: None,
+            inode: None,
+            split_checked: None,
+            dir_device: None,
+            dir_inode: None,
+            file_name: None,
+            released_at: None,
+        })
+    }
+
     /// Serialized form written to the lease file: one JSON line.
     pub fn to_line(&self) -> Vec<u8> {
         // Serializing plain strings, numbers and a JSON map cannot fail.

@@ -198,15 +198,20 @@ fn spawn_holder(u: &str) -> std::process::Child {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let mut out = child.stdout.take().unwrap();
+    read_until(child.stdout.as_mut().unwrap(), |seen| seen.contains("HELD"));
+    child
+}
+
+/// A child's output until `done` says it is complete.
+fn read_until(out: &mut impl Read, done: impl Fn(&str) -> bool) -> String {
     let mut seen = String::new();
     let mut buf = [0u8; 256];
-    while !seen.contains("HELD") {
+    while !done(&seen) {
         let n = out.read(&mut buf).unwrap();
-        assert!(n > 0, "child ended: {seen}");
+        assert!(n > 0, "the child ended: {seen}");
         seen.push_str(&String::from_utf8_lossy(&buf[..n]));
     }
-    child
+    seen
 }
 
 #[test]
@@ -613,14 +618,9 @@ fn a_network_cut_marks_the_holder_lost_before_the_server_frees_the_lease() {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let mut out = waiter.stdout.take().unwrap();
-    let mut seen = String::new();
-    let mut buf = [0u8; 256];
-    while !seen.contains("CHILD ") || !seen.ends_with('\n') {
-        let n = out.read(&mut buf).unwrap();
-        assert!(n > 0, "waiter ended: {seen}");
-        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
-    }
+    let seen = read_until(waiter.stdout.as_mut().unwrap(), |seen| {
+        seen.contains("CHILD ") && seen.ends_with('\n')
+    });
     let acquired = cut_at.elapsed();
     waiter.wait().unwrap();
     assert!(seen.contains("CHILD acquired 2 clean=false"), "{seen}");

@@ -15,7 +15,10 @@ const KINDS = {
   ABORT_ERR: 'cancelled',
   SIDELEASE_LOST: 'lost',
 };
-const SNAKE = { leasePath: 'lease_path', recordStatus: 'record_status' };
+const SNAKE = {
+  leasePath: 'lease_path', recordStatus: 'record_status',
+  backendPid: 'backend_pid', clientAddr: 'client_addr', applicationName: 'application_name',
+};
 
 function say(v) {
   fs.writeSync(1, JSON.stringify(v) + '\n');
@@ -112,6 +115,7 @@ rl.on('line', (line) => {
         const i = sidelease.inspect(cmd.target, 'suffix' in cmd ? { suffix: cmd.suffix } : undefined);
         const out = {};
         for (const [k, v] of Object.entries(i)) out[SNAKE[k] || k] = v;
+        if (out.server) out.server = Object.fromEntries(Object.entries(out.server).map(([k, v]) => [SNAKE[k] || k, v]));
         return say({ ok: true, inspect: out });
       }
       case 'exec_self':

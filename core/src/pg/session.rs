@@ -26,7 +26,7 @@ use crate::error::{Contention, Error, Lost, Result};
 use crate::lease::{Lease, Shared};
 use crate::options::{Options, Wait};
 use crate::platform::process;
-use crate::record::{self, Content, Record};
+use crate::record::{Content, Record};
 use crate::registry;
 
 /// The holder's heartbeat: how often, and how long an answer may take.
@@ -537,33 +537,7 @@ impl Run {
                 }
             }
         }
-        let me = process::current();
-        let nonce = crate::nonce::fresh_hex()
-            .map_err(|e| Error::io("getrandom", std::path::Path::new("/dev/urandom"), e))?;
-        let mut rec = Record {
-            schema: Some(record::SCHEMA),
-            generation: None,
-            pid: Some(me.pid),
-            host: me.host.clone(),
-            started_at: Some(record::now_rfc3339()),
-            target: Some(t.shown.clone()),
-            lease_path: None,
-            nonce: Some(nonce),
-            boot_id: me.boot_id.clone(),
-            machine_id: me.machine_id.clone(),
-            pid_ns: me.pid_ns,
-            proc_start: me.proc_start,
-            runtime: Some(self.opts.runtime.clone().unwrap_or_else(|| "rust".into())),
-            library: Some(crate::LIBRARY.into()),
-            metadata: self.opts.metadata.clone(),
-            device: None,
-            inode: None,
-            split_checked: None,
-            dir_device: None,
-            dir_inode: None,
-            file_name: None,
-            released_at: None,
-        };
+        let mut rec = Record::of_this_process(t.shown.clone(), &self.opts)?;
         let holder = rec.to_json();
         let rows = c
             .query_typed(
