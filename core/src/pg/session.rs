@@ -40,6 +40,18 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const RECONNECT_PAUSE: Duration = Duration::from_millis(250);
 
 pub const TABLE: &str = "sidelease_leases";
+
+/// The holder row's write: the generation grows (the fencing token), and the
+/// previous holder's record comes back.
+const UPSERT: &str = "WITH prev AS (SELECT generation, holder::text AS holder, \
+         to_char(released_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"') AS released_at \
+         FROM sidelease_leases WHERE name = $1) \
+     INSERT INTO sidelease_leases AS t (name, key, generation, holder, acquired_at, released_at) \
+     VALUES ($1, $2, 1, $3::jsonb, now(), NULL) \
+     ON CONFLICT (name) DO UPDATE SET generation = t.generation + 1, key = EXCLUDED.key, \
+         holder = EXCLUDED.holder, acquired_at = now(), released_at = NULL \
+     RETURNING t.generation, (SELECT generation FROM prev), (SELECT holder FROM prev), \
+         (SELECT released_at FROM prev), pg_backend_pid()";
 pub const TABLE_DDL: &str = "CREATE TABLE IF NOT EXISTS sidelease_leases (\
      name text PRIMARY KEY, key bigint NOT NULL UNIQUE, generation bigint NOT NULL, \
      holder jsonb NOT NULL, acquired_at timestamptz NOT NULL, released_at timestamptz)";
@@ -209,9 +221,12 @@ async fn cancel(target: &Target, client: &Client) {
 }
 
 enum Step {
+    /// `waited`: the session's lock timeout was the caller's, and goes
+    /// back to the row-write bound with the row write.
     Got {
         pid: i32,
         table: bool,
+        waited: bool,
     },
     Fail(Error),
     /// The connection broke while waiting: connect again if time is left.
@@ -228,6 +243,10 @@ struct Run {
     rx: UnboundedReceiver<Cmd>,
     tx: UnboundedSender<Cmd>,
     waiter_id: u64,
+    /// The row write, prepared while waiting: a new session's first
+    /// statement on the table loads its catalog entries (a millisecond
+    /// here), which is better spent before the lock is granted than after.
+    prepared: Option<tokio_postgres::Statement>,
 }
 
 pub(crate) fn spawn(
@@ -240,6 +259,7 @@ pub(crate) fn spawn(
 ) -> Result<()> {
     let run = Run {
         waiter_id: registry::attempt_id(),
+        prepared: None,
         target,
         opts,
         started,
@@ -302,9 +322,9 @@ impl Run {
             };
             connected_once = true;
             match self.attempt(&conn).await {
-                Step::Got { pid, table } => {
+                Step::Got { pid, table, waited } => {
                     local::unwait(&self.target.name, self.waiter_id);
-                    self.claim(conn, pid, table).await;
+                    self.claim(conn, pid, table, waited).await;
                     return;
                 }
                 Step::Fail(e) => {
@@ -395,7 +415,11 @@ impl Run {
             return Step::Fail(standby_error(t));
         }
         if got {
-            return Step::Got { pid, table };
+            return Step::Got {
+                pid,
+                table,
+                waited: false,
+            };
         }
         if local::share_pending(&t.identity) || self.held_here(conn).await {
             return Step::Share;
@@ -428,9 +452,20 @@ impl Run {
     async fn wait(&mut self, conn: &Conn, pid: i32, table: bool) -> Step {
         let t = self.target.clone();
         let c = &conn.client;
-        if let Err(e) = set_lock_timeout(c, &self.lock_timeout_ms()).await {
+        let prepare = async {
+            match table {
+                true => c
+                    .prepare_typed(UPSERT, &[Type::TEXT, Type::INT8, Type::TEXT])
+                    .await
+                    .ok(),
+                false => None,
+            }
+        };
+        let (set, prepared) = in_order(set_lock_timeout(c, &self.lock_timeout_ms()), prepare).await;
+        if let Err(e) = set {
             return Step::Broken(pg_error(&t, "query", &e));
         }
+        self.prepared = prepared;
         let params = [(
             &t.key as &(dyn tokio_postgres::types::ToSql + Sync),
             Type::INT8,
@@ -480,9 +515,6 @@ impl Run {
             Err(e) if e.code() == Some(&SqlState::QUERY_CANCELED) => false,
             Err(e) => return Step::Broken(pg_error(&t, "query", &e)),
         };
-        if let Err(e) = set_lock_timeout(c, ROW_LOCK_TIMEOUT).await {
-            return Step::Broken(pg_error(&t, "query", &e));
-        }
         match why {
             Some(step) => {
                 if granted {
@@ -490,7 +522,11 @@ impl Run {
                 }
                 step
             }
-            None if granted => Step::Got { pid, table },
+            None if granted => Step::Got {
+                pid,
+                table,
+                waited: true,
+            },
             None => Step::Fail(Error::Timeout(Box::new(
                 contention(conn, &t, self.started).await,
             ))),
@@ -499,7 +535,7 @@ impl Run {
 
     /// Write the holder row (the fencing generation grows), hand the lease
     /// to the caller, keep the session.
-    async fn claim(self, conn: Conn, pid: i32, table: bool) {
+    async fn claim(self, conn: Conn, pid: i32, table: bool, waited: bool) {
         let t = self.target.clone();
         if self.slot.abandoned() {
             // Given up before the row was written: no generation spent.
@@ -507,7 +543,7 @@ impl Run {
             conn.close().await;
             return;
         }
-        match self.write_row(&conn, pid, table).await {
+        match self.write_row(&conn, pid, table, waited).await {
             Ok((rec, previous, generation)) => {
                 self.hold(conn, rec, previous, generation, pid).await
             }
@@ -524,6 +560,7 @@ impl Run {
         conn: &Conn,
         pid: i32,
         table: bool,
+        waited: bool,
     ) -> Result<(Record, Content, i64)> {
         let t = &*self.target;
         let c = &conn.client;
@@ -539,20 +576,28 @@ impl Run {
         }
         let mut rec = Record::of_this_process(t.shown.clone(), &self.opts)?;
         let holder = rec.to_json();
-        let rows = c
-            .query_typed(
-                "WITH prev AS (SELECT generation, holder::text AS holder, \
-                     to_char(released_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"') AS released_at \
-                     FROM sidelease_leases WHERE name = $1) \
-                 INSERT INTO sidelease_leases AS t (name, key, generation, holder, acquired_at, released_at) \
-                 VALUES ($1, $2, 1, $3::jsonb, now(), NULL) \
-                 ON CONFLICT (name) DO UPDATE SET generation = t.generation + 1, key = EXCLUDED.key, \
-                     holder = EXCLUDED.holder, acquired_at = now(), released_at = NULL \
-                 RETURNING t.generation, (SELECT generation FROM prev), (SELECT holder FROM prev), \
-                     (SELECT released_at FROM prev), pg_backend_pid()",
-                &[(&t.name, Type::TEXT), (&t.key, Type::INT8), (&holder, Type::TEXT)],
-            )
-            .await;
+        let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 3] = [
+            (&t.name, Type::TEXT),
+            (&t.key, Type::INT8),
+            (&holder, Type::TEXT),
+        ];
+        let upsert = async {
+            match &self.prepared {
+                Some(stmt) => {
+                    let p: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
+                        params.iter().map(|p| p.0).collect();
+                    c.query(stmt, &p).await
+                }
+                None => c.query_typed(UPSERT, &params).await,
+            }
+        };
+        let rows = if waited {
+            let (reset, rows) = in_order(set_lock_timeout(c, ROW_LOCK_TIMEOUT), upsert).await;
+            reset.map_err(|e| pg_error(t, "query", &e))?;
+            rows
+        } else {
+            upsert.await
+        };
         let row = match rows {
             Ok(mut r) if r.len() == 1 => r.remove(0),
             Ok(_) => return Err(io_error(t, "insert", "the server answered no row")),
@@ -754,6 +799,22 @@ fn pooler(t: &Target, before: i32, after: Option<i32>) -> Error {
     )
 }
 
+/// Two requests on one connection in one round trip: `first` is sent (its
+/// first poll queues it) before `second`, and the server answers them in
+/// that order.
+async fn in_order<A: std::future::Future, B: std::future::Future>(
+    first: A,
+    second: B,
+) -> (A::Output, B::Output) {
+    use std::task::Poll;
+    let mut first = std::pin::pin!(first);
+    let early = std::future::poll_fn(|cx| Poll::Ready(first.as_mut().poll(cx))).await;
+    match early {
+        Poll::Ready(a) => (a, second.await),
+        Poll::Pending => tokio::join!(first, second),
+    }
+}
+
 async fn set_lock_timeout(c: &Client, ms: &str) -> std::result::Result<(), tokio_postgres::Error> {
     c.query_typed(
         "SELECT set_config('lock_timeout', $1, false)",
@@ -809,13 +870,15 @@ async fn release_within(c: &Client, t: &Target, generation: i64) -> Result<()> {
 /// Record the release (so the next holder reads a clean one), then unlock:
 /// in that order, or the next holder could read the row before it says so.
 async fn release_row(c: &Client, t: &Target, generation: i64) -> Result<()> {
-    let recorded = c
-        .query_typed(
-            "UPDATE sidelease_leases SET released_at = now() WHERE name = $1 AND generation = $2",
-            &[(&t.name, Type::TEXT), (&generation, Type::INT8)],
-        )
-        .await;
-    let unlocked = unlock(c, t.key).await;
+    let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 2] =
+        [(&t.name, Type::TEXT), (&generation, Type::INT8)];
+    let record = c.query_typed(
+        "UPDATE sidelease_leases SET released_at = now() WHERE name = $1 AND generation = $2",
+        &params,
+    );
+    // One round trip: the server runs the update (and commits it) before
+    // the unlock, since it runs a connection's requests in order.
+    let (recorded, unlocked) = in_order(record, unlock(c, t.key)).await;
     recorded.map_err(|e| pg_error(t, "update", &e))?;
     unlocked.map_err(|e| pg_error(t, "unlock", &e))
 }
