@@ -144,3 +144,32 @@ def test_a_terminated_session_makes_the_lease_lost() -> None:
     lease.release()
     info = sidelease.inspect(url)
     assert info["state"] == "free" and info["record_status"] == "stale"
+
+
+def test_many_cancelled_waits_leave_nothing_on_the_server() -> None:
+    url = _url()
+    holder = _holder(url)
+
+    async def main() -> None:
+        import random
+
+        rnd = random.Random(5)
+        for _ in range(60):
+            t = asyncio.ensure_future(sidelease.acquire_async(url, timeout=None))
+            await asyncio.sleep(rnd.uniform(0, 0.02))
+            t.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await t
+
+    try:
+        asyncio.run(main())
+        deadline = time.monotonic() + 6
+        while _waiters(url) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _waiters(url) == 0
+        sessions = _psql("SELECT count(*) FROM pg_stat_activity "
+                         f"WHERE application_name LIKE 'sidelease {os.getpid()}@% {url.rsplit('lease=', 1)[1]}'")
+        assert sessions == "0"
+    finally:
+        holder.kill()
+        holder.wait()

@@ -438,12 +438,19 @@ impl Lease {
 
     /// `Ok` while the lease is held and whole; [`Error::Lost`] once it was
     /// lost (and an invalid-argument error on a released handle). Call it
-    /// before work that must only happen under the lease.
+    /// before work that must only happen under the lease. A PostgreSQL lease
+    /// also counts as lost while the server has not answered its session for
+    /// 3 s (a paused process, a cut network), before the server may free it.
     pub fn ensure_held(&self) -> Result<()> {
         let s = self.live()?;
         match &s.state().phase {
-            Phase::Lost(l) => Err(Error::Lost(Box::new(l.clone()))),
-            _ => Ok(()),
+            Phase::Lost(l) => return Err(Error::Lost(Box::new(l.clone()))),
+            _ => {}
+        }
+        match &s.pg {
+            // A PostgreSQL lease is only as sure as the server's last answer.
+            Some(link) => crate::pg::check_confirmed(s, link),
+            None => Ok(()),
         }
     }
 

@@ -722,3 +722,113 @@ fn a_standby_is_refused() {
         assert!(!e.to_string().contains("app-secret"), "{e}");
     }
 }
+
+#[test]
+#[ignore = "run by a_paused_holder_is_told_before_it_acts in a child process"]
+fn child_holds_and_checks() {
+    let u = std::env::var("SIDELEASE_CHILD_URL").unwrap();
+    let l = Lease::acquire(&u, &Options::new()).unwrap();
+    println!("HELD");
+    loop {
+        let verdict = match l.ensure_held() {
+            Ok(()) => "OK",
+            Err(_) => "LOST",
+        };
+        println!("{verdict} {}", monotonic_ms());
+        std::io::stdout().flush().unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn monotonic_ms() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    t.tv_sec as u64 * 1000 + t.tv_nsec as u64 / 1_000_000
+}
+
+#[test]
+fn a_paused_holder_is_told_before_it_acts() {
+    let _server = sharing_the_server();
+    let u = url();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_holds_and_checks",
+            "--nocapture",
+            "--include-ignored",
+        ])
+        .env("SIDELEASE_CHILD_URL", &u)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = child.stdout.take().unwrap();
+    read_until(&mut out, |seen| seen.contains("OK "));
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::STOP).unwrap();
+    // The server ends the silent session after its idle limit; a waiter
+    // in this process gets the lease then.
+    let got = Lease::acquire(
+        &u,
+        &Options::new().wait(Wait::Timeout(Duration::from_secs(30))),
+    )
+    .unwrap();
+    let resumed = monotonic_ms();
+    rustix::process::kill_process(pid, rustix::process::Signal::CONT).unwrap();
+    let seen = read_until(&mut out, |seen| {
+        seen.lines()
+            .filter(|l| l.split(' ').nth(1).and_then(|t| t.parse::<u64>().ok()) > Some(resumed))
+            .count()
+            >= 3
+    });
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let after: Vec<&str> = seen
+        .lines()
+        .filter(|l| l.split(' ').nth(1).and_then(|t| t.parse::<u64>().ok()) > Some(resumed))
+        .collect();
+    assert!(
+        after.iter().all(|l| l.starts_with("LOST")),
+        "the resumed holder said held: {after:?}"
+    );
+    got.release().unwrap();
+}
+
+#[test]
+fn a_waiter_whose_session_is_terminated_reconnects_and_acquires() {
+    let _server = sharing_the_server();
+    let u = url();
+    let name = u.rsplit_once("lease=").unwrap().1.to_owned();
+    let mut holder = spawn_holder(&u);
+    let waiting = std::thread::spawn({
+        let u = u.clone();
+        move || {
+            Lease::acquire(
+                &u,
+                &Options::new().wait(Wait::Timeout(Duration::from_secs(30))),
+            )
+        }
+    });
+    let sql = format!(
+        "SELECT count(pg_terminate_backend(a.pid)) FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid \
+         WHERE l.locktype = 'advisory' AND NOT l.granted AND a.application_name LIKE 'sidelease {}@% {name}'",
+        std::process::id()
+    );
+    let mut terminated = "0".to_owned();
+    for _ in 0..200 {
+        terminated = psql(&sql);
+        if terminated == "1" {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(terminated, "1");
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    let l = waiting.join().unwrap().unwrap();
+    assert_eq!(l.previous_released_cleanly(), Some(false));
+    l.release().unwrap();
+}

@@ -63,7 +63,9 @@ pub(crate) fn split_url(url: &str) -> Option<UrlParts<'_>> {
     })
 }
 
-fn decoded_key_is_password(key: &str) -> bool {
+/// Whether a URL parameter may carry a secret: its name, decoded, mentions
+/// "pass" in any case (`password`, `PASSWORD`, ` password`, `passfile`…).
+fn may_be_secret(key: &str) -> bool {
     let mut out = Vec::new();
     let b = key.as_bytes();
     let mut i = 0;
@@ -84,7 +86,9 @@ fn decoded_key_is_password(key: &str) -> bool {
             }
         }
     }
-    out == b"password"
+    String::from_utf8_lossy(&out)
+        .to_ascii_lowercase()
+        .contains("pass")
 }
 
 /// The URL for display: the password (in the credentials or a `password`
@@ -94,6 +98,12 @@ pub fn mask(url: &str) -> String {
     let Some(p) = split_url(url) else {
         return "***".into();
     };
+    if url.matches('@').count() > 1 {
+        // Where the password ends is ambiguous: hide everything up to the
+        // last `@`.
+        let (_, tail) = url.rsplit_once('@').unwrap_or(("", url));
+        return format!("{}://***@{}", p.scheme, mask_query(tail));
+    }
     let mut out = format!("{}://", p.scheme);
     if let Some(c) = p.creds {
         match c.split_once(':') {
@@ -101,19 +111,27 @@ pub fn mask(url: &str) -> String {
             None => out.push_str(&format!("{c}@")),
         }
     }
-    out.push_str(p.place);
-    if let Some(q) = p.query {
-        let parts: Vec<String> = q
-            .split('&')
-            .map(|kv| match kv.split_once('=') {
-                Some((k, _)) if decoded_key_is_password(k) => format!("{k}=***"),
-                _ => kv.to_owned(),
-            })
-            .collect();
-        out.push('?');
-        out.push_str(&parts.join("&"));
-    }
+    out.push_str(&mask_query(&match p.query {
+        Some(q) => format!("{}?{q}", p.place),
+        None => p.place.to_owned(),
+    }));
     out
+}
+
+/// `place?query` with secret-looking parameters masked.
+fn mask_query(s: &str) -> String {
+    let Some((place, q)) = s.split_once('?') else {
+        return s.to_owned();
+    };
+    let parts: Vec<String> = q
+        .split('&')
+        .map(|kv| match kv.split_once('=') {
+            Some((k, _)) if may_be_secret(k) => format!("{k}=***"),
+            _ if may_be_secret(kv) => "***".to_owned(),
+            _ => kv.to_owned(),
+        })
+        .collect();
+    format!("{place}?{}", parts.join("&"))
 }
 
 fn url_of(target: &Path) -> Result<&str> {
@@ -137,6 +155,26 @@ pub(crate) fn attempt(target: &Path, options: &crate::Options) -> Result<Attempt
 #[cfg(feature = "postgres")]
 pub(crate) fn inspect(target: &Path) -> Result<crate::Inspection> {
     inspect::inspect(url_of(target)?)
+}
+
+/// `Err(Lost)` when the server has not confirmed the lease's session for
+/// longer than the server waits before it may free the lock of a silent
+/// one: this process was paused or cut off, and must not act as the holder.
+#[cfg(feature = "postgres")]
+pub(crate) fn check_confirmed(s: &Shared, link: &Link) -> Result<()> {
+    let age = link.confirmed.age();
+    if age <= session::UNCONFIRMED_LIMIT {
+        return Ok(());
+    }
+    Err(Error::Lost(Box::new(crate::error::Lost {
+        lease_path: s.lease_path.clone(),
+        reason: format!(
+            "the server has not confirmed the lease's session for {:.1}s (this process was \
+             paused, or the server is unreachable); it may hold the lease no longer",
+            age.as_secs_f64()
+        ),
+        holders: Vec::new(),
+    })))
 }
 
 /// The last release of a PostgreSQL lease in this process.
@@ -177,6 +215,10 @@ mod off {
     }
 
     pub(crate) fn after_fork_in_child() {}
+
+    pub(crate) fn check_confirmed(_: &Shared, link: &Link) -> Result<()> {
+        match *link {}
+    }
 
     impl Attempt {
         pub(crate) fn shown(&self) -> &Path {

@@ -73,7 +73,37 @@ pub(crate) struct Link {
     pub name: String,
     /// The server backend holding the lock.
     pub backend_pid: i32,
+    /// When the server last confirmed the session (ms on `Confirmed`'s
+    /// clock): at the acquisition, then at each answered heartbeat.
+    pub confirmed: Arc<Confirmed>,
 }
+
+/// The time of the session's last answer from the server.
+#[derive(Default)]
+pub(crate) struct Confirmed(std::sync::atomic::AtomicU64);
+
+impl Confirmed {
+    fn clock() -> u64 {
+        static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        BASE.get_or_init(Instant::now).elapsed().as_millis() as u64
+    }
+
+    fn now(&self) {
+        self.0
+            .store(Self::clock(), std::sync::atomic::Ordering::Release);
+    }
+
+    /// How long since the server last answered.
+    pub(crate) fn age(&self) -> Duration {
+        let at = self.0.load(std::sync::atomic::Ordering::Acquire);
+        Duration::from_millis(Self::clock().saturating_sub(at))
+    }
+}
+
+/// A session the server has not answered for this long may be gone (this
+/// process was paused, or the network is cut): `ensure_held` says lost.
+/// Shorter than the server's patience with a silent session (5 s at least).
+pub const UNCONFIRMED_LIMIT: Duration = Duration::from_secs(3);
 
 impl Drop for Link {
     fn drop(&mut self) {
@@ -131,6 +161,8 @@ const ROW_LOCK_TIMEOUT: &str = "5000";
 /// How long a cancelled wait may take to end before its connection is
 /// dropped (the server then ends the wait within a second).
 const CANCEL_GRACE: Duration = Duration::from_secs(2);
+/// How often a cancel request is repeated until the wait ends.
+const CANCEL_RETRY: Duration = Duration::from_millis(100);
 
 pub(crate) fn pg_error(target: &Target, what: &'static str, e: &tokio_postgres::Error) -> Error {
     let text = match e.as_db_error() {
@@ -307,6 +339,10 @@ impl Run {
                 self.slot.finish(Ok(lease));
                 break;
             }
+            if self.slot.abandoned() {
+                break;
+            }
+            self.prepared = None;
             let conn = match open(&self.target, None).await {
                 Ok(c) => c,
                 Err(e) => {
@@ -354,6 +390,9 @@ impl Run {
 
     /// Sleep before reconnecting; false if the attempt was given up.
     async fn pause(&mut self) -> bool {
+        if self.slot.abandoned() {
+            return false;
+        }
         let sleep = tokio::time::sleep(RECONNECT_PAUSE);
         tokio::pin!(sleep);
         loop {
@@ -473,8 +512,9 @@ impl Run {
         let lock = c.query_typed("SELECT pg_backend_pid() FROM pg_advisory_lock($1)", &params);
         tokio::pin!(lock);
         let mut why: Option<Step> = None;
-        let given_up = tokio::time::sleep(Duration::MAX / 4);
-        tokio::pin!(given_up);
+        let mut give_up_at = tokio::time::Instant::now();
+        let retry = tokio::time::sleep(Duration::MAX / 4);
+        tokio::pin!(retry);
         let res = loop {
             tokio::select! {
                 r = &mut lock => break r,
@@ -484,14 +524,21 @@ impl Run {
                         Some(Cmd::Release(_)) => continue,
                         Some(Cmd::Cancel) | None => Some(Step::Cancelled),
                     };
-                    given_up.as_mut().reset(tokio::time::Instant::now() + CANCEL_GRACE);
+                    give_up_at = tokio::time::Instant::now() + CANCEL_GRACE;
                     cancel(&t, c).await;
+                    retry.as_mut().reset(tokio::time::Instant::now() + CANCEL_RETRY);
                 }
-                _ = &mut given_up, if why.is_some() => {
-                    // The cancel request did not get through: the caller
-                    // drops this connection, and the server ends the wait
-                    // when it notices (client_connection_check_interval).
-                    return Step::Broken(io_error(&t, "cancel", "the server did not take the cancel request"));
+                _ = &mut retry, if why.is_some() => {
+                    if tokio::time::Instant::now() >= give_up_at {
+                        // The caller drops this connection, and the server
+                        // ends the wait when it notices the socket closed
+                        // (client_connection_check_interval).
+                        return why.unwrap_or(Step::Cancelled);
+                    }
+                    // A cancel request that reaches the server before the
+                    // lock request does is ignored: ask again.
+                    cancel(&t, c).await;
+                    retry.as_mut().reset(tokio::time::Instant::now() + CANCEL_RETRY);
                 }
             }
         };
@@ -671,7 +718,10 @@ impl Run {
             identity: t.identity.clone(),
             name: t.name.clone(),
             backend_pid: pid,
+            confirmed: Arc::new(Confirmed::default()),
         };
+        link.confirmed.now();
+        let confirmed = link.confirmed.clone();
         let shared = Arc::new(Shared::new_pg(shown.clone(), rec, previous, link));
         let weak: Weak<Shared> = Arc::downgrade(&shared);
         drop(self.tx);
@@ -709,7 +759,10 @@ impl Run {
                 }
                 _ = tokio::time::sleep_until(next) => {
                     match tokio::time::timeout(HEARTBEAT_DEADLINE, backend_pid(&conn.client)).await {
-                        Ok(Ok(now)) if now == pid => next = tokio::time::Instant::now() + HEARTBEAT,
+                        Ok(Ok(now)) if now == pid => {
+                            confirmed.now();
+                            next = tokio::time::Instant::now() + HEARTBEAT;
+                        }
                         Ok(Ok(now)) => break format!(
                             "the server backend changed from pid {pid} to {now}: a transaction-mode \
                              pooler sits between this process and the server, and the lock stayed \

@@ -83,6 +83,12 @@ impl Target {
             )));
         }
         let shown = mask(url);
+        if url.matches('@').count() > 1 {
+            return Err(bad(format!(
+                "{shown}: more than one `@`: percent-encode `@` in the user, password or lease \
+                 name as %40"
+            )));
+        }
         let parts = split_url(url).ok_or_else(|| bad(format!("{shown}: not a PostgreSQL URL")))?;
         let query = parts.query.unwrap_or("");
         let mut name = None;
@@ -259,6 +265,34 @@ mod tests {
         assert!(!t.shown.contains("s3cret"));
         assert!(!format!("{t:?}").contains("s3cret"));
         assert!(!t.identity.contains("s3cret"));
+        // Read as the driver reads it: the credentials run to the first `@`;
+        // anything ambiguous is hidden, and so is any parameter named like a
+        // password.
+        for (url, secret) in [
+            ("postgresql://app:pa/ss@db/app?lease=x", "pa/ss"),
+            ("postgresql://app:pa?ss@db/app?lease=x", "pa?ss"),
+            ("postgresql://app:pa#ss@db/app?lease=x", "pa#ss"),
+            ("postgresql://app:p%40ss@db/app?lease=x", "p%40ss"),
+            ("postgresql://app:p@ss@db/app?lease=x", "ss@"),
+            ("postgresql://db/app?lease=x&pass%77ord=hunter2", "hunter2"),
+            ("postgresql://db/app?lease=x&%70assword=hunter2", "hunter2"),
+            ("postgresql://db/app?lease=x&PASSWORD=hunter2", "hunter2"),
+            ("postgresql://db/app?lease=x& password=hunter2", "hunter2"),
+        ] {
+            assert!(!mask(url).contains(secret), "{url}: {}", mask(url));
+            match Target::parse(url) {
+                Ok(t) => {
+                    assert!(!t.shown.contains(secret), "{url}: {}", t.shown);
+                    assert!(!t.identity.contains(secret), "{url}: {}", t.identity);
+                }
+                Err(e) => assert!(!e.to_string().contains(secret), "{url}: {e}"),
+            }
+        }
+        let t = Target::parse("postgresql://app:pa/ss@db/app?lease=x").unwrap();
+        assert_eq!(t.config.get_password(), Some(&b"pa/ss"[..]));
+        assert_eq!(t.name, "x");
+        let e = Target::parse("postgresql://app:p@ss@db/app?lease=x").unwrap_err();
+        assert!(e.to_string().contains("%40"), "{e}");
     }
 
     #[test]
