@@ -443,9 +443,8 @@ impl Lease {
     /// 3 s (a paused process, a cut network), before the server may free it.
     pub fn ensure_held(&self) -> Result<()> {
         let s = self.live()?;
-        match &s.state().phase {
-            Phase::Lost(l) => return Err(Error::Lost(Box::new(l.clone()))),
-            _ => {}
+        if let Phase::Lost(l) = &s.state().phase {
+            return Err(Error::Lost(Box::new(l.clone())));
         }
         match &s.pg {
             // A PostgreSQL lease is only as sure as the server's last answer.
