@@ -121,16 +121,7 @@ fn acquire_refuse_release_and_the_generation_grows() {
     assert!(a.lease_path().to_str().unwrap().contains("app:***@"));
     // Another process would be refused; here, another connection is: a
     // child process acquiring the same lease.
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "child_acquires_once",
-            "--nocapture",
-            "--include-ignored",
-        ])
-        .env("SIDELEASE_CHILD_URL", &u)
-        .output()
-        .unwrap();
+    let out = child_test("child_acquires_once", &u).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("CHILD in_use"), "{text}");
     assert!(
@@ -185,16 +176,18 @@ fn child_holds_forever() {
     std::thread::sleep(Duration::from_secs(600));
 }
 
+/// This test binary, running only the ignored test `name` (a child's part),
+/// with the lease URL `u`.
+fn child_test(name: &str, u: &str) -> Command {
+    let mut c = Command::new(std::env::current_exe().unwrap());
+    c.args(["--exact", name, "--nocapture", "--include-ignored"])
+        .env("SIDELEASE_CHILD_URL", u);
+    c
+}
+
 /// A child process that holds the lease `u` until killed.
 fn spawn_holder(u: &str) -> std::process::Child {
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "child_holds_forever",
-            "--nocapture",
-            "--include-ignored",
-        ])
-        .env("SIDELEASE_CHILD_URL", u)
+    let mut child = child_test("child_holds_forever", u)
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -259,16 +252,7 @@ fn terminating_the_session_marks_the_lease_lost_and_a_waiter_gets_it() {
         move || {
             // A separate process-level lease would share; a waiter in this
             // process shares too, so the waiter is a child process.
-            Command::new(std::env::current_exe().unwrap())
-                .args([
-                    "--exact",
-                    "child_acquires_waiting",
-                    "--nocapture",
-                    "--include-ignored",
-                ])
-                .env("SIDELEASE_CHILD_URL", &u)
-                .output()
-                .unwrap()
+            child_test("child_acquires_waiting", &u).output().unwrap()
         }
     });
     std::thread::sleep(Duration::from_millis(500));
@@ -607,14 +591,7 @@ fn a_network_cut_marks_the_holder_lost_before_the_server_frees_the_lease() {
     // A waiter straight to the server, in another process: it must get the
     // lease only after the server ended the old session, and after the
     // holder knew.
-    let mut waiter = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "child_acquires_waiting",
-            "--nocapture",
-            "--include-ignored",
-        ])
-        .env("SIDELEASE_CHILD_URL", &direct)
+    let mut waiter = child_test("child_acquires_waiting", &direct)
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -754,14 +731,7 @@ fn monotonic_ms() -> u64 {
 fn a_paused_holder_is_told_before_it_acts() {
     let _server = sharing_the_server();
     let u = url();
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "child_holds_and_checks",
-            "--nocapture",
-            "--include-ignored",
-        ])
-        .env("SIDELEASE_CHILD_URL", &u)
+    let mut child = child_test("child_holds_and_checks", &u)
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();

@@ -740,8 +740,10 @@ impl Run {
                 cmd = self.rx.recv() => match cmd {
                     Some(Cmd::Release(reply)) => {
                         let r = release_within(&conn.client, &t, generation).await;
-                        conn.close().await;
+                        // Unlocked and recorded: the caller need not wait
+                        // for the session to close.
                         let _ = reply.send(r);
+                        conn.close().await;
                         return;
                     }
                     None => {
