@@ -2,7 +2,7 @@
 //! (or `postgres://`), any other libpq-style URL parameters passed on. The
 //! password never leaves this module except into the connection's
 //! configuration: everything shown (records, errors, inspect) uses
-//! [`Target::shown`].
+//! `Target::shown`.
 
 use std::str::FromStr;
 
