@@ -176,7 +176,7 @@ impl Attempt {
 
     pub(crate) fn contention_error(&self, timed_out: bool) -> Error {
         if self.contention.is_none() && !self.ended {
-            return session::io_error(
+            return super::conn::io_error(
                 &self.target,
                 "connect",
                 format!(

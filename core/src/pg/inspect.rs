@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
+use super::conn::{self, io_error, pg_error};
 use super::local;
-use super::session::{self, io_error, pg_error};
 use super::target::Target;
 use crate::error::Result;
 use crate::inspect::{Inspection, RecordStatus, ServerHolder, State};
@@ -93,7 +93,7 @@ pub(crate) fn inspect(url: &str) -> Result<Inspection> {
 }
 
 async fn run(t: &Target) -> Result<Inspection> {
-    let conn = session::open(t, Some("sidelease inspect".into())).await?;
+    let conn = conn::open(t, Some("sidelease inspect".into())).await?;
     let standby = conn
         .client
         .query_typed("SELECT pg_is_in_recovery()", &[])
@@ -102,7 +102,7 @@ async fn run(t: &Target) -> Result<Inspection> {
         Ok(false) => {}
         Ok(true) => {
             conn.close().await;
-            return Err(session::standby_error(t));
+            return Err(conn::standby_error(t));
         }
         Err(e) => {
             conn.close().await;

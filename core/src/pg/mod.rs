@@ -11,6 +11,8 @@
 #[cfg(feature = "postgres")]
 mod attempt;
 #[cfg(feature = "postgres")]
+mod conn;
+#[cfg(feature = "postgres")]
 mod inspect;
 #[cfg(feature = "postgres")]
 mod local;
