@@ -66,7 +66,11 @@ export declare class Lease {
   release(): void;
   /** Does the path still name the locked file? */
   check(): 'held' | 'unlinked' | 'replaced';
-  /** Throws the SIDELEASE_LOST error if the lease was lost. */
+  /**
+   * Throws the SIDELEASE_LOST error if the lease was lost. For a lease file it looks at the path (one lstat) and
+   * puts back a file someone deleted or replaced, so it never passes while `check()` would say otherwise; if the
+   * file cannot be put back yet (its directory is gone) it throws a SIDELEASE_IO error naming the path.
+   */
   ensureHeld(): void;
   /** Call `callback(message)` on this thread's event loop when the lease is lost; never keeps the loop alive. */
   onLost(callback: (message: string) => void): void;
@@ -111,7 +115,10 @@ export interface Inspection {
     | 'empty'
     | 'unreadable'
     | 'unknown';
+  /** Former lease files (deleted, moved away, mounted over) held by a process that does not hold the file at the path: the lease is split. */
   orphans: { pid: number; inode: number }[];
+  /** Former lease files the current holder keeps locked since it put the lease file back: its own, not a split. */
+  former: { pid: number; inode: number }[];
   unattributed: number;
   /** A PostgreSQL lease's holding session (`pg_locks` + `pg_stat_activity`); null for a file lease or a free one. */
   server: { backendPid: number; clientAddr: string | null; applicationName: string | null } | null;

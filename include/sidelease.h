@@ -209,7 +209,9 @@ sidelease_status sidelease_strerror(int32_t status, char *buf, size_t len, size_
  * Inspect the lease of `target` without taking, blocking or disturbing it.
  * `suffix` may be NULL for the default. `*out` receives a JSON object
  * (keys target, lease_path, state, holders, record, record_status,
- * orphans, unattributed, and server: for a PostgreSQL target the session
+ * orphans: former lease files held by a process that does not hold the
+ * file at the path; former: those the current holder keeps since it put
+ * the file back; unattributed, and server: for a PostgreSQL target the session
  * holding it, {backend_pid, client_addr, application_name}, else null) to
  * free with sidelease_string_free().
  *
@@ -244,8 +246,12 @@ sidelease_status sidelease_acquire(const char *target,
  * handle holds nothing and this is a no-op. The handle stays valid (its
  * fields readable) until sidelease_lease_free().
  *
+ * A lease file is always let go: when the release cannot be written into
+ * it (immutable, a full disk) the lock is dropped all the same and the
+ * record keeps no released_at, so the next holder runs its crash recovery.
+ *
  * Returns SIDELEASE_OK, SIDELEASE_ERR_NULL_ARGUMENT, or SIDELEASE_ERR_IO
- * when the lock was dropped but the release could not be recorded.
+ * when a PostgreSQL lease's release could not be recorded on the server.
  */
 sidelease_status sidelease_lease_release(const sidelease_lease *lease);
 
@@ -414,12 +420,17 @@ sidelease_status sidelease_lease_state(const sidelease_lease *lease, sidelease_s
 
 /**
  * Check, before work that must only happen under the lease, that it is
- * still held and whole.
+ * still held and whole: for a lease file, that its path names a file this
+ * lease holds right now (one lstat; a file someone deleted or replaced is
+ * put back here first), so it never passes while sidelease_lease_check()
+ * would say otherwise.
  *
  * Returns SIDELEASE_OK; SIDELEASE_ERR_LOST (sidelease_last_error() says
- * what happened and names the other holder); SIDELEASE_ERR_INVALID_ARGUMENT
- * (the handle was released, or belongs to the parent of this forked
- * process); SIDELEASE_ERR_NULL_ARGUMENT.
+ * what happened and names the other holder); SIDELEASE_ERR_IO (the lease
+ * file is not at its path and could not be put back yet, e.g. its
+ * directory is gone: the lease is not lost, but do not do the work);
+ * SIDELEASE_ERR_INVALID_ARGUMENT (the handle was released, or belongs to
+ * the parent of this forked process); SIDELEASE_ERR_NULL_ARGUMENT.
  */
 sidelease_status sidelease_lease_ensure_held(const sidelease_lease *lease);
 

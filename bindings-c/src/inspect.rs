@@ -11,7 +11,9 @@ use crate::strings::{give, path_arg, str_arg};
 /// Inspect the lease of `target` without taking, blocking or disturbing it.
 /// `suffix` may be NULL for the default. `*out` receives a JSON object
 /// (keys target, lease_path, state, holders, record, record_status,
-/// orphans, unattributed, and server: for a PostgreSQL target the session
+/// orphans: former lease files held by a process that does not hold the
+/// file at the path; former: those the current holder keeps since it put
+/// the file back; unattributed, and server: for a PostgreSQL target the session
 /// holding it, {backend_pid, client_addr, application_name}, else null) to
 /// free with sidelease_string_free().
 ///

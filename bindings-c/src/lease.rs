@@ -77,8 +77,12 @@ pub unsafe extern "C" fn sidelease_acquire(
 /// handle holds nothing and this is a no-op. The handle stays valid (its
 /// fields readable) until sidelease_lease_free().
 ///
+/// A lease file is always let go: when the release cannot be written into
+/// it (immutable, a full disk) the lock is dropped all the same and the
+/// record keeps no released_at, so the next holder runs its crash recovery.
+///
 /// Returns SIDELEASE_OK, SIDELEASE_ERR_NULL_ARGUMENT, or SIDELEASE_ERR_IO
-/// when the lock was dropped but the release could not be recorded.
+/// when a PostgreSQL lease's release could not be recorded on the server.
 #[no_mangle]
 pub unsafe extern "C" fn sidelease_lease_release(
     lease: *const sidelease_lease,

@@ -57,12 +57,17 @@ pub unsafe extern "C" fn sidelease_lease_state(
 }
 
 /// Check, before work that must only happen under the lease, that it is
-/// still held and whole.
+/// still held and whole: for a lease file, that its path names a file this
+/// lease holds right now (one lstat; a file someone deleted or replaced is
+/// put back here first), so it never passes while sidelease_lease_check()
+/// would say otherwise.
 ///
 /// Returns SIDELEASE_OK; SIDELEASE_ERR_LOST (sidelease_last_error() says
-/// what happened and names the other holder); SIDELEASE_ERR_INVALID_ARGUMENT
-/// (the handle was released, or belongs to the parent of this forked
-/// process); SIDELEASE_ERR_NULL_ARGUMENT.
+/// what happened and names the other holder); SIDELEASE_ERR_IO (the lease
+/// file is not at its path and could not be put back yet, e.g. its
+/// directory is gone: the lease is not lost, but do not do the work);
+/// SIDELEASE_ERR_INVALID_ARGUMENT (the handle was released, or belongs to
+/// the parent of this forked process); SIDELEASE_ERR_NULL_ARGUMENT.
 #[no_mangle]
 pub unsafe extern "C" fn sidelease_lease_ensure_held(
     lease: *const sidelease_lease,

@@ -216,7 +216,10 @@ impl Lease {
     }
 
     /// Raise LeaseLost if the lease was lost (call it before work that must
-    /// only happen under the lease).
+    /// only happen under the lease). For a lease file it looks at the path
+    /// and puts back a file someone deleted or replaced, so it never passes
+    /// while check() says otherwise; LeaseOSError when the file cannot be
+    /// put back yet (its directory is gone).
     fn ensure_held(&self, py: Python<'_>) -> PyResult<()> {
         self.inner.ensure_held().py(py)
     }

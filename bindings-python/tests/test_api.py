@@ -286,6 +286,7 @@ def test_inspect_keys(db: str) -> None:
         "record",
         "record_status",
         "orphans",
+        "former",
         "unattributed",
         "server",
     }

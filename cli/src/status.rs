@@ -86,6 +86,19 @@ pub fn human(i: &Inspection) -> String {
             .collect();
         out += &format!("  orphans:    {}\n", o.join("; "));
     }
+    if !i.former.is_empty() {
+        // The holder's own: files it kept locked when it put the lease file
+        // back (someone deleted, moved or replaced it). Not a split.
+        let f: Vec<String> = i
+            .former
+            .iter()
+            .map(|o| format!("inode {} (pid {})", o.inode, o.pid))
+            .collect();
+        out += &format!(
+            "  former:     the holder also keeps {} it held before the lease file was put back\n",
+            f.join(", ")
+        );
+    }
     if i.unattributed > 0 {
         out += &format!(
             "  unattributed: {} exclusive flock lock(s) on this filesystem belong to processes \

@@ -368,3 +368,36 @@ fn status_json_of_a_non_utf8_path_is_a_whole_document() {
     assert!(text.contains("\"state\":\"free\""), "{text}");
     assert!(text.contains("caf\\udce9.db.backend-lease"), "{text}");
 }
+
+#[test]
+fn status_shows_the_holders_own_former_files_apart_from_orphans() {
+    // The lease file is deleted while `hold` holds it: hold puts it back and
+    // keeps the former one locked too. That former file is the holder's own,
+    // not someone else's: the lease is held, not split.
+    let d = tempfile::tempdir().unwrap();
+    let db = d.path().join("app.db");
+    let db = db.to_str().unwrap();
+    let h = Holder::start(db, &["--no-inherit"]);
+    let lease = format!("{db}.backend-lease");
+    std::fs::remove_file(&lease).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let v = loop {
+        let (code, v) = status_json(db);
+        if code == 3 && v["former"].as_array().is_some_and(|f| !f.is_empty()) {
+            break v;
+        }
+        assert!(Instant::now() < deadline, "never put back: {v}");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let pid = h.command_pid();
+    assert_eq!(v["state"], "held", "{v}");
+    assert_eq!(v["holders"], serde_json::json!([pid]), "{v}");
+    assert_eq!(v["orphans"], serde_json::json!([]), "{v}");
+    assert_eq!(v["former"][0]["pid"], pid, "{v}");
+    let human = String::from_utf8_lossy(&sidelease(&["status", db]).stdout).into_owned();
+    assert!(
+        human.contains("former:") && !human.contains("orphans:"),
+        "{human}"
+    );
+    assert_eq!(h.finish().code(), Some(3));
+}

@@ -29,7 +29,7 @@ use crate::options::{Options, Wait};
 use crate::path::{self, Spelled};
 use crate::platform::notify::ChangeWatch;
 use crate::platform::{fskind, process};
-use crate::previous::{next_generation, stat_with_age, vouched_for, young};
+use crate::previous::{empty_is_new, next_generation, stat_with_age, vouched_for, young};
 use crate::record::{self, Content, Record};
 use crate::registry::{self, Flight, Key};
 use crate::watch;
@@ -73,6 +73,9 @@ const REANCHOR_GRACE: Duration = Duration::from_millis(20);
 /// The most one acquisition spends in graces: a file replaced faster than
 /// the grace, over and over, must not starve it.
 const GRACE_BUDGET: Duration = Duration::from_millis(200);
+/// A lease file younger than this is checked for former files before it is
+/// locked (see `needs_precheck`).
+const PRECHECK_YOUNGER_THAN: Duration = Duration::from_secs(1);
 
 /// The lease file opened by this attempt, listed for the fork handler.
 struct OpenFile {
@@ -95,6 +98,11 @@ struct OpenFile {
     /// It was given its grace already. Tracked per open descriptor, which
     /// pins the inode: a later file may reuse the inode number.
     graced: bool,
+    /// Written since it was created (`None`: the filesystem cannot tell).
+    written: Option<bool>,
+    /// What the guard's look before locking found (nothing): whether it was
+    /// complete, and undecided.
+    prechecked: Option<(bool, bool)>,
 }
 
 impl OpenFile {
@@ -248,6 +256,20 @@ impl FilePending {
                 }
                 Err(None) => return Ok(None),
             };
+            if self.opts.split_guard && self.needs_precheck(of) && unlocked_now(of.fd()) {
+                let outcome = self.precheck()?;
+                if let Some(orphan) = outcome.orphan {
+                    drop(flight);
+                    self.refused_by(orphan, key);
+                    return Ok(None);
+                }
+                if let Some(of) = self.open.as_mut() {
+                    of.prechecked = Some((outcome.complete, outcome.undecided));
+                }
+            }
+            let Some(of) = self.open.as_ref() else {
+                continue;
+            };
             match rustix::fs::flock(of.fd(), FlockOperation::NonBlockingLockExclusive) {
                 Ok(()) => {}
                 Err(Errno::WOULDBLOCK) | Err(Errno::INTR) => {
@@ -312,6 +334,8 @@ impl FilePending {
                 (false, false)
             } else if vouched {
                 (true, false)
+            } else if let Some(p) = of.prechecked {
+                p
             } else {
                 let target = path::target_of(&of.canon, &self.opts.suffix);
                 let me = guard::Me {
@@ -327,8 +351,7 @@ impl FilePending {
                     // watch); unlock it so nobody waits on us.
                     let _ = rustix::fs::flock(of.fd(), FlockOperation::Unlock);
                     drop(flight);
-                    self.orphan = Some(orphan);
-                    self.arm_watch(key);
+                    self.refused_by(orphan, key);
                     return Ok(None);
                 }
                 (outcome.complete, outcome.undecided)
@@ -355,12 +378,59 @@ impl FilePending {
                     return Ok(None);
                 }
             }
+            registry::get().lock().forget_refusal(&of.canon);
             let lease = self.complete(previous, &bytes, dir, split_checked, flight)?;
             if let Some(t) = ticket {
                 watch::attach(t, &lease.shared_arc());
             }
             return Ok(Some(lease));
         }
+    }
+
+    /// Whether to look for former files before locking the file at the
+    /// path: when it is young (it was just created, maybe after the live one
+    /// was deleted or replaced) and not the file this process last held
+    /// there, or this process was refused at this path by a former file's
+    /// holder before. Such an attempt is refused without locking, so it
+    /// never stands between the holder and the file it is putting back.
+    fn needs_precheck(&self, of: &OpenFile) -> bool {
+        let young = of.age.is_some_and(|a| a < PRECHECK_YOUNGER_THAN);
+        let reg = registry::get().lock();
+        (young && !reg.held_last(&of.canon, of.key)) || reg.remembers_refusal(&of.canon)
+    }
+
+    /// The guard's look, before locking: a former file still held. Nothing
+    /// found here is as good as nothing found after locking: a process that
+    /// holds a former file once this one locks the file at the path held it
+    /// already (it locked it while it was the file at the path, before this
+    /// attempt opened the one there now).
+    fn precheck(&mut self) -> Result<guard::Outcome> {
+        let Some(of) = self.open.as_ref() else {
+            return Err(Error::invalid("lease", "no open lease file"));
+        };
+        let dir = self.dir_identity(&Content::Empty, of.key, false)?;
+        let target = path::target_of(&of.canon, &self.opts.suffix);
+        let me = guard::Me {
+            lease_path: &of.canon,
+            target: &target,
+            name: &self.spelled.name,
+            dir,
+            file_dev: Some(of.key.0),
+        };
+        let outcome = guard::precheck(of.fd(), of.key.1, &me);
+        if outcome.orphan.is_none() {
+            registry::get().lock().forget_refusal(&of.canon);
+        }
+        Ok(outcome)
+    }
+
+    /// Refused: a live process holds a former file of this lease.
+    fn refused_by(&mut self, orphan: Orphan, key: Key) {
+        if let Some(of) = &self.open {
+            registry::get().lock().remember_refusal(&of.canon);
+        }
+        self.orphan = Some(orphan);
+        self.arm_watch(key);
     }
 
     fn replaced_too_often(&self, rounds: u32) -> Result<()> {
@@ -493,6 +563,8 @@ impl FilePending {
             age: None,
             waited: false,
             graced: false,
+            written: None,
+            prechecked: None,
         };
         let Some(canon) = path::canonical_from_fd(of.fd(), &self.spelled) else {
             return Ok(Opened::Moved);
@@ -519,6 +591,7 @@ impl FilePending {
         of.size = st.st_size as usize;
         of.access = access::of_file(st.st_mode, st.st_uid, st.st_gid);
         of.age = st.age;
+        of.written = st.written;
         Ok(Opened::File(of))
     }
 
@@ -571,8 +644,9 @@ impl FilePending {
             .open
             .take()
             .ok_or_else(|| Error::invalid("lease", "no open lease file"))?;
+        let new_file = empty_is_new(of.written);
         let generation = if of.writable {
-            Some(next_generation(&previous, bytes, &of.canon)?)
+            Some(next_generation(&previous, bytes, new_file, &of.canon)?)
         } else {
             None
         };
@@ -591,18 +665,22 @@ impl FilePending {
         };
         let key = of.key;
         let access = of.access;
+        let emptied = matches!(previous, Content::Empty) && !new_file;
         let (anchor, canon) = of.into_anchor(line, len);
         let shared = Arc::new(Shared::new(SharedInit {
             target: path::target_of(&canon, &self.opts.suffix),
             lease_path: canon,
             record: rec,
             previous,
+            emptied,
+            watched: self.opts.watch,
             access,
             anchor,
         }));
         let reg = registry::get();
         let mut g = reg.lock();
         g.insert(key, shared.clone());
+        g.note_held(&shared.lease_path, key);
         flight.end_locked(&mut g);
         drop(g);
         Ok(Lease::from_shared(shared))
@@ -707,6 +785,20 @@ impl FilePending {
             Wait::Timeout(d) => self.started.checked_add(d),
             Wait::Forever => None,
         }
+    }
+}
+
+/// Whether nobody holds the lock right now: a shared lock taken and let go
+/// at once (a holder's exclusive attempt in that microsecond retries). A
+/// file someone holds needs no look for former files: the lock attempt
+/// fails anyway.
+fn unlocked_now(fd: BorrowedFd<'_>) -> bool {
+    match rustix::fs::flock(fd, FlockOperation::NonBlockingLockShared) {
+        Ok(()) => {
+            let _ = rustix::fs::flock(fd, FlockOperation::Unlock);
+            true
+        }
+        Err(_) => false,
     }
 }
 

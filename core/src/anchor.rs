@@ -25,12 +25,17 @@ use crate::watch;
 
 /// How soon to try again when the lease file could not be put back.
 const RETRY: Duration = Duration::from_millis(250);
-/// A new lease file found locked is not lost at once: a contender that
-/// could not check for orphans locks a young file only for a moment before
-/// it gives the holder its grace (see `acquire::REANCHOR_GRACE`). Retry
-/// this often, for this long, before calling the lease lost.
+/// The file at the path found locked by another process is not lost at
+/// once unless that process wrote its own record there (a sidelease holder
+/// does, right after its lock and its guard): a contender locks it only
+/// while its guard runs, before it is refused or gives the holder its
+/// grace (see `acquire::REANCHOR_GRACE`). Retry this often; the lease is
+/// lost once the same process(es) kept it locked this long without a
+/// record of their own.
 const CONTENDED_RETRY: Duration = Duration::from_millis(1);
-const CONTENDED_FOR: Duration = Duration::from_millis(30);
+const CONTENDED_FOR: Duration = Duration::from_millis(100);
+/// How long `ensure_held` waits for a re-anchor racing its own.
+const NOW_BOUND: Duration = Duration::from_millis(20);
 /// Most descriptors one lease keeps (each a former lease file still locked
 /// so processes that opened it earlier stay excluded); beyond, the oldest
 /// former ones are let go (their contenders re-check identity anyway).
@@ -57,6 +62,32 @@ pub(crate) fn check(shared: &Arc<Shared>, sweep: bool) -> Option<Instant> {
     }
 }
 
+/// Put the lease file back now, in the caller's thread, when its path no
+/// longer names it (`ensure_held`). A re-anchor in progress in another
+/// thread is waited for, briefly.
+pub(crate) fn check_now(shared: &Arc<Shared>) {
+    let until = Instant::now() + NOW_BOUND;
+    loop {
+        match check_inner(shared, false) {
+            Outcome::Whole => return,
+            Outcome::Lost(l) => {
+                shared.mark_lost(l);
+                return;
+            }
+            Outcome::Retry(at) => {
+                // Only a re-anchor racing this one (another thread's flight)
+                // is worth waiting for; a path that cannot be made is not.
+                let now = Instant::now();
+                if at > now + CONTENDED_RETRY || now >= until {
+                    watch::retry_at(shared, at);
+                    return;
+                }
+                std::thread::sleep(at.saturating_duration_since(now));
+            }
+        }
+    }
+}
+
 fn check_inner(shared: &Arc<Shared>, sweep: bool) -> Outcome {
     let path = &shared.lease_path;
     if !matches!(shared.state().phase, Phase::Held) {
@@ -77,7 +108,7 @@ fn check_inner(shared: &Arc<Shared>, sweep: bool) -> Outcome {
             if let Some(i) = st.anchors.iter().position(|a| a.key == key) {
                 st.failing_since = None;
                 st.contended_since = None;
-                st.contended_by = None;
+                st.contended_by.clear();
                 if sweep {
                     rewrite_if_overwritten(shared, &mut st.anchors[i]);
                 }
@@ -168,19 +199,25 @@ fn reanchor(shared: &Arc<Shared>, replaced: bool) -> Outcome {
             Ok(()) => {}
             Err(Errno::WOULDBLOCK) | Err(Errno::INTR) => {
                 let now = Instant::now();
-                if st.contended_since.is_none() {
+                if committed(shared, bfd, key) {
+                    let lost = rival(shared, bfd, replaced, st.contended_by.first().copied());
+                    registry::close_listed(fd, slot);
+                    return Outcome::Lost(lost);
+                }
+                // Who holds it now: the window starts again whenever that
+                // changes (one refused contender after another is nobody
+                // holding the file).
+                let lockers = holders::holders_of(bfd, None);
+                if st.contended_since.is_none() || st.contended_by != lockers {
                     st.contended_since = Some(now);
-                    // Find out who now, while the window runs: a cold
-                    // read of /proc/locks costs 10-20 ms, which must not
-                    // be added to the lost signal's delay at the end.
-                    st.contended_by = rival(shared, bfd, replaced, None).holders.first().copied();
+                    st.contended_by = lockers;
                 }
                 let since = st.contended_since.unwrap_or(now);
                 if now.duration_since(since) < CONTENDED_FOR {
                     registry::close_listed(fd, slot);
                     return Outcome::Retry(now + CONTENDED_RETRY);
                 }
-                let lost = rival(shared, bfd, replaced, st.contended_by);
+                let lost = rival(shared, bfd, replaced, st.contended_by.first().copied());
                 registry::close_listed(fd, slot);
                 return Outcome::Lost(lost);
             }
@@ -192,7 +229,7 @@ fn reanchor(shared: &Arc<Shared>, replaced: bool) -> Outcome {
         // Watched before the identity check, so a replacement after the
         // check is an event (the watch stays on a file we end up not
         // holding; it is removed when it next fires).
-        watch::add_anchor(shared, bfd);
+        watch::add_anchor(shared, bfd, key);
         match rustix::fs::lstat(path) {
             Ok(now) if (now.st_dev, now.st_ino) == key && now.st_nlink > 0 => {}
             _ => {
@@ -201,12 +238,20 @@ fn reanchor(shared: &Arc<Shared>, replaced: bool) -> Outcome {
                 continue;
             }
         }
+        // The directory the file is in now: after the directory was
+        // renamed, replaced or mounted over it is another one, and the
+        // guard must recognise this file by it (and by its path).
+        let dir = rustix::fs::stat(crate::path::parent_of(path))
+            .map(|d| (d.st_dev, d.st_ino))
+            .unwrap_or((0, 0));
         let rec = Record {
             device: Some(key.0),
             inode: Some(key.1),
             // This holder did not check the new file for orphans (it holds
             // one itself): the next holder must run the guard.
             split_checked: Some(false),
+            dir_device: Some(dir.0),
+            dir_inode: Some(dir.1),
             ..shared.record.clone()
         };
         let line = rec.to_line();
@@ -231,7 +276,7 @@ fn reanchor(shared: &Arc<Shared>, replaced: bool) -> Outcome {
     push_anchor(&mut st, anchor);
     st.failing_since = None;
     st.contended_since = None;
-    st.contended_by = None;
+    st.contended_by.clear();
     drop(st);
     let reg = registry::get();
     let mut g = reg.lock();
@@ -280,7 +325,9 @@ fn open_for_anchor(
             r?.map_err(|e| std::io::Error::other(e.to_string()))
         };
     // Exclusive first, so only a file this process put back is given the
-    // former file's owner and group.
+    // former file's owner and group. When it cannot be created (the
+    // directory is gone, immutable, not ours to write), that is the error:
+    // only an existing file may be taken read-only.
     let r = match open(base | OFlags::RDWR | OFlags::CREATE | OFlags::EXCL) {
         Ok(r) => {
             let (fd, slot) = flatten(Ok(r))?;
@@ -289,7 +336,10 @@ fn open_for_anchor(
             return Ok((fd, slot, true));
         }
         Err(e) if e.raw_os_error() == Some(libc::EEXIST) => open(base | OFlags::RDWR),
-        Err(e) => Err(e),
+        Err(e) => match rustix::fs::lstat(path) {
+            Ok(_) => open(base | OFlags::RDWR),
+            Err(_) => return Err(e),
+        },
     };
     let (fd, slot, writable) = match r {
         Ok(r) => flatten(Ok(r)).map(|(fd, slot)| (fd, slot, true))?,
@@ -299,7 +349,12 @@ fn open_for_anchor(
                 Some(libc::EACCES) | Some(libc::EROFS) | Some(libc::EPERM)
             ) =>
         {
-            flatten(open(base | OFlags::RDONLY)).map(|(fd, slot)| (fd, slot, false))?
+            match flatten(open(base | OFlags::RDONLY)) {
+                Ok((fd, slot)) => (fd, slot, false),
+                // Gone in between: what failed is the write access.
+                Err(e2) if e2.raw_os_error() == Some(libc::ENOENT) => return Err(e),
+                Err(e2) => return Err(e2),
+            }
         }
         Err(e) => return Err(e),
     };
@@ -321,6 +376,18 @@ fn open_for_anchor(
     Ok((fd, slot, writable))
 }
 
+/// Whether the process that locked the file now at the path (`key`) wrote
+/// its own record there: a sidelease holder does as soon as its lock and
+/// its guard are done, so that one holds the lease file, not merely looks.
+fn committed(shared: &Shared, fd: BorrowedFd<'_>, key: Key) -> bool {
+    let Ok(bytes) = process::read_at_most(fd, 4096, record::RECORD_MAX_BYTES) else {
+        return false;
+    };
+    matches!(Content::parse(&bytes), Content::Record(r)
+        if r.device == Some(key.0) && r.inode == Some(key.1) && r.released_at.is_none()
+            && r.nonce.is_some() && r.nonce != shared.record.nonce)
+}
+
 /// Another process locked the file now at the path: who, and what happened.
 /// `seen`: a process found holding it earlier (asked first, before the
 /// kernel's lock list).
@@ -328,15 +395,28 @@ fn rival(shared: &Shared, fd: BorrowedFd<'_>, replaced: bool, seen: Option<u32>)
     let bytes = process::read_at_most(fd, 4096, record::RECORD_MAX_BYTES).unwrap_or_default();
     let rec = Content::parse(&bytes).record().cloned();
     let holders = holders::holders_of(fd, rec.as_ref().and_then(|r| r.pid).or(seen));
+    let runtime = |r: &Record| {
+        r.runtime
+            .as_ref()
+            .map(|rt| format!(" ({rt})"))
+            .unwrap_or_default()
+    };
+    let me = process::current();
     let who = match (&rec, holders.first()) {
-        (Some(r), _) if r.pid.is_some() => format!(
-            "pid {}{}",
-            r.pid.unwrap_or_default(),
-            r.runtime
-                .as_ref()
-                .map(|rt| format!(" ({rt})"))
-                .unwrap_or_default()
-        ),
+        // A record from another PID namespace names a PID of that
+        // namespace: say so, and give the kernel's PID here.
+        (Some(r), here) if r.pid.is_some() && r.pid_ns.is_some() && r.pid_ns != me.pid_ns => {
+            format!(
+                "pid {} of another PID namespace{}{}",
+                r.pid.unwrap_or_default(),
+                runtime(r),
+                here.map(|p| format!(", pid {p} here"))
+                    .unwrap_or_else(|| ", not visible here".into())
+            )
+        }
+        (Some(r), _) if r.pid.is_some() => {
+            format!("pid {}{}", r.pid.unwrap_or_default(), runtime(r))
+        }
         (_, Some(p)) => format!("pid {p}"),
         _ => "another process".to_string(),
     };

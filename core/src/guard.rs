@@ -3,12 +3,14 @@
 //! same file reached through another mount of the directory?
 //!
 //! Former lease files are recognised by identity, never by the text of a
-//! `/proc/PID/fd` link: every exclusive flock on the same device (as the
-//! kernel's lock list names devices) is a candidate; its holder is found
-//! through `/proc/locks` and, when the PID listed there is gone or reused,
-//! through every process's fdinfo; the candidate is an orphan of this lease
-//! when the record inside it (read through the holder's descriptor) names
-//! this lease's directory and file name.
+//! `/proc/PID/fd` link: every exclusive flock on the machine is a candidate
+//! (a directory mounted over keeps its former files on the filesystem
+//! underneath); its holder is found through `/proc/locks` and, when the PID
+//! listed there is gone or reused, through every process's fdinfo; the
+//! candidate is an orphan of this lease when the record inside it (read
+//! through the holder's descriptor) names this lease: its directory and
+//! file name, or its canonical path (which survives the directory being
+//! renamed, replaced or mounted over).
 
 use std::collections::{BTreeMap, HashSet};
 use std::ffi::OsStr;
@@ -87,47 +89,70 @@ pub(crate) fn check(fd: BorrowedFd<'_>, me: &Me<'_>) -> Result<Outcome> {
     let key = match process::own_lock(fd) {
         Ok(Some(k)) => k,
         // No fdinfo to read (no /proc): nothing can be seen.
-        _ => {
-            return Ok(Outcome {
-                orphan: None,
-                complete: false,
-                undecided: false,
-            })
-        }
+        _ => return Ok(blind()),
     };
-    let s = scan(key.major, key.minor, Some(key.ino), me, true);
-    Ok(Outcome {
+    Ok(outcome(scan(
+        (key.major, key.minor),
+        Some(key.ino),
+        me,
+        true,
+    )))
+}
+
+/// The same look before locking the file at the path (`fd`, not locked by
+/// this attempt): a former file still held means the attempt is refused
+/// without ever locking the file at the path, so a holder putting its file
+/// back there is never kept out by contenders that will be refused anyway.
+pub(crate) fn precheck(fd: BorrowedFd<'_>, ino: u64, me: &Me<'_>) -> Outcome {
+    match process::kernel_device(fd) {
+        Ok(home) => outcome(scan(home, Some(ino), me, true)),
+        Err(_) => blind(),
+    }
+}
+
+fn blind() -> Outcome {
+    Outcome {
+        orphan: None,
+        complete: false,
+        undecided: false,
+    }
+}
+
+fn outcome(s: Scan) -> Outcome {
+    Outcome {
         orphan: s.orphans.into_iter().next(),
         complete: s.complete,
         undecided: s.undecided > 0,
-    })
+    }
 }
 
-/// Every orphan of this lease among the exclusive flock locks on the
-/// device `(major, minor)` (kernel numbering), except on the inode the path
-/// names now (`current`). `first_only` stops at the first one.
-pub(crate) fn scan(
-    major: u32,
-    minor: u32,
-    current: Option<u64>,
-    me: &Me<'_>,
-    first_only: bool,
-) -> Scan {
+/// Every orphan of this lease among the exclusive flock locks of the
+/// machine, except the lock on the inode the path names now (`current`, on
+/// the lease file's device `home`, kernel numbering). Former files are
+/// looked for on every device: the directory may have been mounted over
+/// since, and then the former file is on the filesystem underneath.
+/// `first_only` stops at the first one.
+pub(crate) fn scan(home: (u32, u32), current: Option<u64>, me: &Me<'_>, first_only: bool) -> Scan {
     let mut out = Scan::default();
-    let Ok(all) = locks::flock_locks_on(major, minor) else {
+    let Ok(all) = locks::exclusive_flock_locks() else {
         return out; // incomplete: no kernel view
     };
+    let (major, minor) = home;
     let own = own_leases_elsewhere(me);
     // One look at each holder's descriptors for all its candidates: a
     // process holding many leases is read once, not once per lease.
     let mut by_pid: BTreeMap<u32, Vec<KernelKey>> = BTreeMap::new();
-    for l in all.iter().filter(|l| l.exclusive && Some(l.ino) != current) {
-        if l.pid == process::pid() && own.contains(&l.ino) {
+    for l in &all {
+        let at_home = l.on_device(major, minor);
+        if at_home && Some(l.ino) == current {
+            continue;
+        }
+        if at_home && l.pid == process::pid() && own.contains(&l.ino) {
             continue;
         }
         by_pid.entry(l.pid).or_default().push(KernelKey {
-            major,
-            minor,
+            major: l.major,
+            minor: l.minor,
             ino: l.ino,
         });
     }
@@ -165,20 +190,23 @@ pub(crate) fn scan(
                 return out;
             }
         }
-        let seen: HashSet<u64> = found.iter().map(|(k, _, _)| k.ino).collect();
-        let missing: Vec<u64> = unresolved
+        let missing: Vec<KernelKey> = unresolved
             .iter()
-            .map(|k| k.ino)
-            .filter(|i| !seen.contains(i))
+            .filter(|k| !found.iter().any(|(f, _, _)| f == *k))
+            .copied()
             .collect();
         if !missing.is_empty() {
             // A lock whose holder was found nowhere may simply be gone by
             // now (its process exited during the scan): count only those
             // the kernel still lists.
-            let still = locks::flock_locks_on(major, minor).unwrap_or(all.clone());
+            let still = locks::exclusive_flock_locks().unwrap_or(all.clone());
             out.unattributed += missing
                 .iter()
-                .filter(|i| still.iter().any(|l| l.exclusive && l.ino == **i))
+                .filter(|k| {
+                    still
+                        .iter()
+                        .any(|l| l.ino == k.ino && l.on_device(k.major, k.minor))
+                })
                 .count();
         }
     }
@@ -195,21 +223,46 @@ enum Judged {
 }
 
 /// The lock `key`, listed for `pid`, which has the descriptors `fds` open
-/// on its inode. The content is judged first and the fdinfo read only for a
-/// former file of this lease: most locks on a machine are not this lease's.
-/// A *deleted* file without a record may be this lease's former file whose
-/// holder has not yet put back what someone truncated or overwrote in it,
-/// so it is left undecided (a brand-new lease file then waits its grace); a
-/// linked one is nobody's lease file.
+/// on files with its inode number (on any device: numbers repeat across
+/// filesystems, so each is looked at). The content is judged first and the
+/// fdinfo read only for a former file of this lease: most locks on a
+/// machine are not this lease's. A *deleted* file without a record may be
+/// this lease's former file whose holder has not yet put back what someone
+/// truncated or overwrote in it, so it is left undecided (a brand-new lease
+/// file then waits its grace); a linked one is nobody's lease file.
 fn judge(me: &Me<'_>, pid: u32, key: KernelKey, fds: &[OpenFd]) -> Judged {
-    let Some(first) = fds.first() else {
-        return Judged::NotHeldHere;
-    };
-    let deleted = first.nlink == 0;
-    if first.size > record::RECORD_MAX_BYTES as u64 || (first.size == 0 && !deleted) {
+    match fds {
+        [] => Judged::NotHeldHere,
+        [one] => judge_fd(me, pid, key, one),
+        many => {
+            // Several files with this inode number: only the one whose
+            // descriptor owns the lock counts.
+            let mut held = false;
+            for o in many {
+                if !process::fd_holds(pid, o.fd, key) {
+                    continue;
+                }
+                held = true;
+                match judge_fd(me, pid, key, o) {
+                    Judged::NotHeldHere => {}
+                    j => return j,
+                }
+            }
+            if held {
+                Judged::NotOurs
+            } else {
+                Judged::NotHeldHere
+            }
+        }
+    }
+}
+
+fn judge_fd(me: &Me<'_>, pid: u32, key: KernelKey, o: &OpenFd) -> Judged {
+    let deleted = o.nlink == 0;
+    if o.size > record::RECORD_MAX_BYTES as u64 || (o.size == 0 && !deleted) {
         return Judged::NotOurs;
     }
-    let record = match process::read_through_fd(pid, first.fd, record::RECORD_MAX_BYTES) {
+    let record = match process::read_through_fd(pid, o.fd, record::RECORD_MAX_BYTES) {
         Ok(bytes) => match Content::parse(&bytes) {
             Content::Record(r) if me.owns(&r) => r,
             Content::Record(_) => return Judged::NotOurs,
@@ -223,14 +276,15 @@ fn judge(me: &Me<'_>, pid: u32, key: KernelKey, fds: &[OpenFd]) -> Judged {
     if !may_own(me, pid) {
         return Judged::NotOurs;
     }
-    match fds.iter().find(|o| process::fd_holds(pid, o.fd, key)) {
-        Some(o) => Judged::Orphan(Box::new(Orphan {
+    if process::fd_holds(pid, o.fd, key) {
+        Judged::Orphan(Box::new(Orphan {
             pid,
             inode: key.ino,
             fd: Some(o.fd),
             record: Some(*record),
-        })),
-        None => Judged::NotHeldHere,
+        }))
+    } else {
+        Judged::NotHeldHere
     }
 }
 
@@ -310,14 +364,14 @@ fn find_holders(keys: &[KernelKey]) -> Vec<(KernelKey, u32, u32)> {
             let Ok(st) = rustix::fs::stat(format!("/proc/{pid}/fd/{fd}")) else {
                 continue;
             };
-            if let Some(i) = left.iter().position(|k| k.ino == st.st_ino) {
-                let key = left[i];
-                if process::fd_holds(pid, fd, key) {
-                    found.push((key, pid, fd));
-                    left.swap_remove(i);
-                    if left.is_empty() {
-                        break;
-                    }
+            // (Inode numbers repeat across devices: the fdinfo tells which.)
+            let hit = left
+                .iter()
+                .position(|k| k.ino == st.st_ino && process::fd_holds(pid, fd, *k));
+            if let Some(i) = hit {
+                found.push((left.swap_remove(i), pid, fd));
+                if left.is_empty() {
+                    break;
                 }
             }
         }

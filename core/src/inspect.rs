@@ -95,7 +95,12 @@ pub struct Inspection {
     pub holders: Vec<u32>,
     pub record: Option<Record>,
     pub record_status: RecordStatus,
+    /// Former lease files (deleted, moved away, mounted over) held by a
+    /// process that does not hold the file at the path: the lease is split.
     pub orphans: Vec<Orphan>,
+    /// Former lease files the holder of the file at the path keeps locked
+    /// since it put the lease file back (not a split: its own).
+    pub former: Vec<Orphan>,
     pub unattributed: usize,
     /// For a PostgreSQL lease: the server session holding the lock.
     pub server: Option<ServerHolder>,
@@ -119,7 +124,8 @@ impl Inspection {
         let value = |v: serde_json::Result<String>| v.unwrap_or_else(|_| "null".into());
         format!(
             "{{\"target\":{},\"lease_path\":{},\"state\":\"{}\",\"holders\":{},\"record\":{},\
-             \"record_status\":\"{}\",\"orphans\":{},\"unattributed\":{},\"server\":{}}}",
+             \"record_status\":\"{}\",\"orphans\":{},\"former\":{},\"unattributed\":{},\
+             \"server\":{}}}",
             record::json_path(self.target.as_os_str().as_bytes()),
             record::json_path(self.lease_path.as_os_str().as_bytes()),
             self.state.as_str(),
@@ -127,6 +133,7 @@ impl Inspection {
             value(serde_json::to_string(&self.record)),
             self.record_status.as_str(),
             value(serde_json::to_string(&self.orphans)),
+            value(serde_json::to_string(&self.former)),
             self.unattributed,
             value(serde_json::to_string(&self.server)),
         )
@@ -140,6 +147,9 @@ struct Found {
     key: Option<(u64, u64)>,
     kernel_dev: Option<(u32, u32)>,
     lease_path: PathBuf,
+    /// Nobody could have written a release into it: immutable, append-only
+    /// or on a read-only mount.
+    unwritable: bool,
 }
 
 /// Inspect the lease of `target` (only `options.suffix` is used).
@@ -162,6 +172,7 @@ pub fn inspect(target: impl AsRef<Path>, options: &Options) -> Result<Inspection
         record: found.content.record().cloned(),
         record_status: RecordStatus::Unknown,
         orphans: Vec::new(),
+        former: Vec::new(),
         unattributed: 0,
         server: None,
     };
@@ -169,7 +180,7 @@ pub fn inspect(target: impl AsRef<Path>, options: &Options) -> Result<Inspection
         .kernel_dev
         .and_then(|(ma, mi)| locks::flock_locks_on(ma, mi).ok().map(|l| (ma, mi, l)));
     let Some((major, minor, all)) = kernel else {
-        out.record_status = judge(&found.content, None, &[]);
+        out.record_status = judge(&found.content, None, &[], found.unwritable);
         return Ok(out);
     };
     if let Some((_, ino)) = found.key {
@@ -177,8 +188,7 @@ pub fn inspect(target: impl AsRef<Path>, options: &Options) -> Result<Inspection
     }
     let target = out.target.clone();
     let scan = guard::scan(
-        major,
-        minor,
+        (major, minor),
         found.key.map(|k| k.1),
         &guard::Me {
             lease_path: lp,
@@ -189,11 +199,15 @@ pub fn inspect(target: impl AsRef<Path>, options: &Options) -> Result<Inspection
         },
         false,
     );
-    out.orphans = scan.orphans;
+    let holders = out.holders.clone();
+    (out.former, out.orphans) = scan
+        .orphans
+        .into_iter()
+        .partition(|o| holders.contains(&o.pid));
     out.unattributed = scan.unattributed;
     let unreleased_elsewhere = matches!(&found.content, Content::Record(r)
         if r.released_at.is_none() && r.pid_ns.is_some() && r.pid_ns != me.pid_ns);
-    out.state = if out.orphans.iter().any(|o| !out.holders.contains(&o.pid)) {
+    out.state = if !out.orphans.is_empty() {
         State::Split
     } else if !out.holders.is_empty() {
         State::Held
@@ -212,7 +226,12 @@ pub fn inspect(target: impl AsRef<Path>, options: &Options) -> Result<Inspection
         State::Free
     };
     let orphan_pids: Vec<u32> = out.orphans.iter().map(|o| o.pid).collect();
-    out.record_status = judge(&found.content, Some(&out.holders), &orphan_pids);
+    out.record_status = judge(
+        &found.content,
+        Some(&out.holders),
+        &orphan_pids,
+        found.unwritable,
+    );
     Ok(out)
 }
 
@@ -242,6 +261,7 @@ fn read_lease_file(spelled: &path::Spelled) -> Result<Found> {
                 key: None,
                 kernel_dev: process::kernel_device(dfd.as_fd()).ok(),
                 lease_path: canon_dir.join(&spelled.name),
+                unwritable: false,
             });
         }
         Err(Errno::LOOP) => {
@@ -261,6 +281,7 @@ fn read_lease_file(spelled: &path::Spelled) -> Result<Found> {
                 key: Some((st.st_dev, st.st_ino)),
                 kernel_dev: process::kernel_device(pfd.as_fd()).ok(),
                 lease_path,
+                unwritable: false,
             });
         }
         Err(e) => return Err(Error::io("open", lp, e)),
@@ -289,6 +310,7 @@ fn read_lease_file(spelled: &path::Spelled) -> Result<Found> {
         key: Some((st.st_dev, st.st_ino)),
         kernel_dev: process::kernel_device(fd.as_fd()).ok(),
         lease_path: canonical(fd.as_fd(), lp),
+        unwritable: process::unwritable(fd.as_fd()),
     })
 }
 
@@ -308,8 +330,14 @@ fn canonical(fd: std::os::fd::BorrowedFd<'_>, spelled: &Path) -> PathBuf {
 }
 
 /// Judge a record against the kernel's holders (`None`: no kernel view)
-/// and the holders of former lease files.
-fn judge(content: &Content, holders: Option<&[u32]>, orphan_pids: &[u32]) -> RecordStatus {
+/// and the holders of former lease files. `unwritable`: no release could
+/// have been recorded in the file.
+fn judge(
+    content: &Content,
+    holders: Option<&[u32]>,
+    orphan_pids: &[u32],
+    unwritable: bool,
+) -> RecordStatus {
     let r = match content {
         Content::Empty => return RecordStatus::Empty,
         Content::Unreadable => return RecordStatus::Unreadable,
@@ -354,6 +382,10 @@ fn judge(content: &Content, holders: Option<&[u32]>, orphan_pids: &[u32]) -> Rec
     match r.proc_start {
         None => RecordStatus::Unknown,
         Some(s) if s != start => RecordStatus::Stale,
+        // Same process, no longer holding: it may have released into a
+        // file that took no write (immutable, append-only, read-only
+        // mount), which says nothing of whether its image was replaced.
+        Some(_) if unwritable => RecordStatus::Unknown,
         Some(_) => {
             // Same process, and the kernel does not list it as a holder.
             // Only a look at its descriptors shows it has none of the

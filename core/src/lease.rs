@@ -59,8 +59,8 @@ pub(crate) struct State {
     /// The file now at the path was found locked by another process since
     /// then.
     pub contended_since: Option<std::time::Instant>,
-    /// Who held the file at the path when that began.
-    pub contended_by: Option<u32>,
+    /// Who held the file at the path then (the kernel's PIDs).
+    pub contended_by: Vec<u32>,
 }
 
 /// One lease held by this process. Shared by every handle of the lease;
@@ -72,7 +72,13 @@ pub(crate) struct Shared {
     /// What this acquisition wrote (or would have, on a read-only file).
     pub record: Record,
     pub previous: Content,
+    /// The lease file was empty but had been written since it was created
+    /// (or the filesystem could not tell): nothing says how the last holder
+    /// ended.
+    pub emptied: bool,
     pub writable: bool,
+    /// Whether the holder's watch defends this lease (re-anchoring, lost).
+    pub watched: bool,
     /// How a lease file is made when it has to be put back.
     pub access: Access,
     handles: AtomicUsize,
@@ -96,6 +102,8 @@ pub(crate) struct SharedInit {
     pub lease_path: PathBuf,
     pub record: Record,
     pub previous: Content,
+    pub emptied: bool,
+    pub watched: bool,
     pub access: Access,
     pub anchor: Anchor,
 }
@@ -103,7 +111,7 @@ pub(crate) struct SharedInit {
 impl Shared {
     pub(crate) fn new(init: SharedInit) -> Shared {
         let writable = init.anchor.writable;
-        Shared::build(
+        let mut s = Shared::build(
             init.target,
             init.lease_path,
             (init.record, init.previous),
@@ -111,7 +119,10 @@ impl Shared {
             init.access,
             vec![init.anchor],
             None,
-        )
+        );
+        s.emptied = init.emptied;
+        s.watched = init.watched;
+        s
     }
 
     /// A PostgreSQL lease: no lease file, the session is the lock.
@@ -154,7 +165,9 @@ impl Shared {
             lease_path,
             record,
             previous,
+            emptied: false,
             writable,
+            watched: false,
             access,
             handles: AtomicUsize::new(1),
             state: Mutex::new(State {
@@ -164,7 +177,7 @@ impl Shared {
                 callbacks: Vec::new(),
                 failing_since: None,
                 contended_since: None,
-                contended_by: None,
+                contended_by: Vec::new(),
             }),
             lost_fd: OnceLock::new(),
             pg,
@@ -306,8 +319,11 @@ impl Lease {
     /// `released_at`, unlocks and closes every descriptor of it; the file
     /// stays. A second call is a no-op. In a forked child the handle is
     /// already dead (the fork handler closed the child's copy) and this is a
-    /// no-op too. An error means the lock was dropped but the release could
-    /// not be recorded.
+    /// no-op too. A lease file is always let go: when the release cannot be
+    /// written into it (immutable, a full disk, an I/O error) the lock is
+    /// dropped all the same and the record keeps no `released_at`, so the
+    /// next holder runs its crash recovery. An error comes only from a
+    /// PostgreSQL lease whose release could not be recorded on the server.
     pub fn release(&self) -> Result<()> {
         if self.released.swap(true, Ordering::AcqRel) || !self.is_current() {
             return Ok(());
@@ -336,7 +352,6 @@ impl Lease {
         }
         crate::watch::forget(s);
         let stamp = record::now_rfc3339();
-        let mut result = Ok(());
         let mut probe = None;
         for a in anchors {
             if Some(a.key) == inherited {
@@ -349,9 +364,8 @@ impl Lease {
             }
             if a.writable {
                 let line = Record::released_line(&a.line, &stamp);
-                if let Err(e) = write_padded(a.fd(), &s.lease_path, &line, a.len) {
-                    result = result.and(Err(e));
-                }
+                // Not written: the record says unreleased, the safe side.
+                let _ = write_padded(a.fd(), &s.lease_path, &line, a.len);
             }
             // Unlock before closing: a child forked a moment ago that has not
             // run its fork handler yet shares this open file description.
@@ -362,7 +376,7 @@ impl Lease {
             record_release_if_free(s, &a, &stamp);
         }
         drop(g);
-        result
+        Ok(())
     }
 
     pub(crate) fn shared_arc(&self) -> Arc<Shared> {
@@ -441,15 +455,55 @@ impl Lease {
     /// before work that must only happen under the lease. A PostgreSQL lease
     /// also counts as lost while the server has not answered its session for
     /// 3 s (a paused process, a cut network), before the server may free it.
+    ///
+    /// For a lease file it looks at the path itself (one `lstat`), so it
+    /// never answers `Ok` while [`Lease::check`] would say the path names
+    /// another file or none: when it does, the lease file is put back right
+    /// here (as the holder's watch would), and if that cannot be done now
+    /// the answer is an I/O error naming the path (the lease is not lost
+    /// yet: nobody else holds the file at the path), or [`Error::Lost`] when
+    /// another process holds it. Without the watch (`watch: false`) nothing
+    /// is put back and a path that names another file is that I/O error.
     pub fn ensure_held(&self) -> Result<()> {
         let s = self.live()?;
         if let Phase::Lost(l) = &s.state().phase {
             return Err(Error::Lost(Box::new(l.clone())));
         }
-        match &s.pg {
+        if let Some(link) = &s.pg {
             // A PostgreSQL lease is only as sure as the server's last answer.
-            Some(link) => crate::pg::check_confirmed(s, link),
-            None => Ok(()),
+            return crate::pg::check_confirmed(s, link);
+        }
+        if self.whole(s)? {
+            return Ok(());
+        }
+        if s.watched {
+            crate::anchor::check_now(&self.shared);
+            if let Phase::Lost(l) = &s.state().phase {
+                return Err(Error::Lost(Box::new(l.clone())));
+            }
+            if self.whole(s)? {
+                return Ok(());
+            }
+        }
+        Err(Error::io(
+            "open",
+            &s.lease_path,
+            std::io::Error::other(
+                "the lease file is no longer at its path and could not be put back yet",
+            ),
+        ))
+    }
+
+    /// Does the lease path name a file this lease holds?
+    fn whole(&self, s: &Shared) -> Result<bool> {
+        match rustix::fs::lstat(&s.lease_path) {
+            Ok(st) if st.st_nlink > 0 => Ok(s
+                .state()
+                .anchors
+                .iter()
+                .any(|a| a.key == (st.st_dev, st.st_ino))),
+            Ok(_) | Err(rustix::io::Errno::NOENT) | Err(rustix::io::Errno::NOTDIR) => Ok(false),
+            Err(e) => Err(Error::io("lstat", &s.lease_path, e)),
         }
     }
 
@@ -530,18 +584,22 @@ impl Lease {
     /// Whether the previous holder released cleanly. `Some(false)`: it died
     /// holding the lease (its record has no `released_at`) or left a record
     /// that cannot be read — run crash recovery. `Some(true)` for a new lease
-    /// file. `None` when this lease could only open its file read-only: it
-    /// writes nothing, so it cannot know what the last writer's record
-    /// means for the holders between.
+    /// file (created and never written). `None` when nothing can tell: the
+    /// file was emptied after it was written (or its filesystem keeps no
+    /// birth time to tell a new file from an emptied one), or this lease
+    /// could only open its file read-only (it writes nothing, so it cannot
+    /// know what the last writer's record means for the holders between).
+    /// Run crash recovery unless it is `Some(true)`.
     pub fn previous_released_cleanly(&self) -> Option<bool> {
         if !self.shared.writable {
             return None;
         }
-        Some(match &self.shared.previous {
-            Content::Empty => true,
-            Content::Record(r) => r.released_at.is_some(),
-            Content::Unreadable => false,
-        })
+        match &self.shared.previous {
+            Content::Empty if self.shared.emptied => None,
+            Content::Empty => Some(true),
+            Content::Record(r) => Some(r.released_at.is_some()),
+            Content::Unreadable => Some(false),
+        }
     }
 
     /// The fencing token: one more than the previous holder's. `None` for a

@@ -1,14 +1,15 @@
 //! What the lease file tells a new holder before it writes: whether the
 //! previous record vouches that no former file is held (so the split guard
 //! may be skipped), how young the file is (a holder of a former one may not
-//! have put it back yet), and the next fencing generation.
+//! have put it back yet), whether an empty file is new or was emptied, and
+//! the next fencing generation.
 
 use std::os::fd::BorrowedFd;
 use std::path::Path;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::record::{self, Content};
+use crate::record::{self, Content, Salvaged};
 use crate::registry::Key;
 
 /// Can the split guard be skipped? Yes when the previous record was written
@@ -37,6 +38,10 @@ pub(crate) struct FileStat {
     pub st_uid: u32,
     pub st_gid: u32,
     pub age: Option<Duration>,
+    /// Whether the file was written since it was created (its modification
+    /// time differs from its birth time); `None` when the filesystem keeps
+    /// no birth time.
+    pub written: Option<bool>,
 }
 
 /// `fstat` plus the file's age, in the one system call `statx` makes.
@@ -48,12 +53,16 @@ pub(crate) fn stat_with_age(fd: BorrowedFd<'_>) -> std::io::Result<FileStat> {
         AtFlags::EMPTY_PATH,
         StatxFlags::BASIC_STATS | StatxFlags::BTIME,
     )?;
-    let age = (x.stx_mask & StatxFlags::BTIME.bits() != 0).then(|| {
+    let has_btime = x.stx_mask & StatxFlags::BTIME.bits() != 0;
+    let age = has_btime.then(|| {
         let born = std::time::UNIX_EPOCH
             + Duration::new(x.stx_btime.tv_sec.max(0) as u64, x.stx_btime.tv_nsec);
         std::time::SystemTime::now()
             .duration_since(born)
             .unwrap_or_default()
+    });
+    let written = has_btime.then(|| {
+        (x.stx_mtime.tv_sec, x.stx_mtime.tv_nsec) != (x.stx_btime.tv_sec, x.stx_btime.tv_nsec)
     });
     Ok(FileStat {
         st_mode: u32::from(x.stx_mode),
@@ -64,6 +73,7 @@ pub(crate) fn stat_with_age(fd: BorrowedFd<'_>) -> std::io::Result<FileStat> {
         st_uid: x.stx_uid,
         st_gid: x.stx_gid,
         age,
+        written,
     })
 }
 
@@ -82,29 +92,63 @@ pub(crate) fn young(
     }
 }
 
+/// What an empty lease file means: a file created and never written is a
+/// new lease (generation 1, nothing to recover); one whose content was
+/// changed since it was created (truncated by a log rotation, a backup tool,
+/// `: > file`), or whose filesystem keeps no birth time, tells nothing of
+/// how its last holder ended.
+pub(crate) fn empty_is_new(written: Option<bool>) -> bool {
+    written == Some(false)
+}
+
 /// One more than the previous holder's generation; a generation that cannot
 /// grow refuses the lease rather than wrapping (the fencing token would
-/// repeat).
-pub(crate) fn next_generation(previous: &Content, bytes: &[u8], path: &Path) -> Result<u64> {
+/// repeat). Where the file no longer says what the last generation was (an
+/// emptied file, bytes naming none), the generation jumps to the clock
+/// ([`clock_floor`]) rather than starting again at 1.
+pub(crate) fn next_generation(
+    previous: &Content,
+    bytes: &[u8],
+    new_file: bool,
+    path: &Path,
+) -> Result<u64> {
     let prev = match previous {
-        Content::Record(r) => Some(r.generation.unwrap_or(0)),
-        Content::Empty => Some(0),
+        Content::Record(r) => Salvaged::Found(r.generation.unwrap_or(0)),
+        Content::Empty if new_file => Salvaged::Found(0),
+        Content::Empty => Salvaged::Nothing,
         Content::Unreadable => record::salvage_generation(bytes),
     };
-    prev.and_then(|g| g.checked_add(1)).ok_or_else(|| {
-        Error::io(
-            "pwrite",
-            path,
-            std::io::Error::other(format!(
-                "the previous holder's generation cannot grow ({}); the fencing token would \
-                 repeat, so the lease is refused: an operator must reset the lease file",
-                match prev {
-                    Some(g) => g.to_string(),
-                    None => "it does not fit in 64 bits".into(),
-                }
-            )),
-        )
-    })
+    match prev {
+        Salvaged::Found(g) => g
+            .checked_add(1)
+            .ok_or_else(|| cannot_grow(path, &g.to_string())),
+        Salvaged::Nothing => Ok(clock_floor()),
+        Salvaged::TooLarge => Err(cannot_grow(path, "it does not fit in 64 bits")),
+    }
+}
+
+fn cannot_grow(path: &Path, why: &str) -> Error {
+    Error::io(
+        "pwrite",
+        path,
+        std::io::Error::other(format!(
+            "the previous holder's generation cannot grow ({why}); the fencing token would \
+             repeat, so the lease is refused: an operator must reset the lease file"
+        )),
+    )
+}
+
+/// A generation no earlier one can equal when the record that said the
+/// last one is gone: microseconds since the Unix epoch. Every acquisition
+/// takes longer than a microsecond, so generations counted up one by one
+/// from an earlier jump stay below a later one, and a counter that started
+/// at 1 never comes near it. Only a clock set back between two jumps could
+/// make one repeat.
+pub(crate) fn clock_floor() -> u64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    u64::try_from(now.as_micros()).unwrap_or(u64::MAX).max(1)
 }
 
 #[cfg(test)]
@@ -114,16 +158,16 @@ mod tests {
     #[test]
     fn generation_survives_a_torn_record() {
         use crate::record::salvage_generation;
-        assert_eq!(salvage_generation(b"garbage"), Some(0));
+        assert_eq!(salvage_generation(b"garbage"), Salvaged::Nothing);
         assert_eq!(
             salvage_generation(
                 b"{\"schema\":1,\"generation\":18,\"pid\":2}\n\"generation\":17,\"pi"
             ),
-            Some(18)
+            Salvaged::Found(18)
         );
         assert_eq!(
             salvage_generation(b"\"generation\": 99999999999999999999999"),
-            None
+            Salvaged::TooLarge
         );
     }
 
@@ -132,15 +176,34 @@ mod tests {
         let p = Path::new("/x");
         let max =
             Content::parse(format!("{{\"schema\":1,\"generation\":{}}}", u64::MAX).as_bytes());
-        let e = next_generation(&max, b"", p).unwrap_err();
+        let e = next_generation(&max, b"", true, p).unwrap_err();
         assert!(e.to_string().contains("cannot grow"), "{e}");
         let e = next_generation(
             &Content::Unreadable,
             b"\"generation\":99999999999999999999999",
+            true,
             p,
         )
         .unwrap_err();
         assert!(e.to_string().contains("64 bits"), "{e}");
-        assert_eq!(next_generation(&Content::Empty, b"", p).unwrap(), 1);
+        assert_eq!(next_generation(&Content::Empty, b"", true, p).unwrap(), 1);
+    }
+
+    #[test]
+    fn a_generation_that_was_wiped_out_jumps_past_every_earlier_one() {
+        let p = Path::new("/x");
+        let before = clock_floor();
+        // An emptied file, and bytes that name no generation: the clock.
+        let emptied = next_generation(&Content::Empty, b"", false, p).unwrap();
+        let garbage = next_generation(&Content::Unreadable, b"\0\0xx", true, p).unwrap();
+        for g in [emptied, garbage] {
+            assert!(g >= before && g <= clock_floor(), "{g}");
+            // Far above any counter that started at 1.
+            assert!(g > 1_000_000_000_000_000, "{g}");
+        }
+        // A torn record that still names its generation continues from it.
+        let torn = next_generation(&Content::Unreadable, b"{\"generation\":41,\"pi", true, p);
+        assert_eq!(torn.unwrap(), 42);
+        assert!(!empty_is_new(None) && !empty_is_new(Some(true)) && empty_is_new(Some(false)));
     }
 }

@@ -177,13 +177,14 @@ impl Record {
 
 impl Record {
     /// Does this record belong to the lease file named `name` in directory
-    /// `dir` (device, inode), or, for records without a directory identity,
-    /// to `lease_path`?
+    /// `dir` (device, inode), or to `lease_path`? Either is enough: the
+    /// directory's identity survives a bind mount or a rename of the
+    /// directory's path, the canonical path survives the directory being
+    /// renamed away, replaced, re-created or mounted over.
     pub fn names_lease(&self, dir: (u64, u64), name: &str, lease_path: &str) -> bool {
-        match (self.dir_device, self.dir_inode, &self.file_name) {
-            (Some(d), Some(i), Some(n)) => (d, i) == dir && n == name,
-            _ => self.lease_path.as_deref() == Some(lease_path),
-        }
+        let by_dir = matches!((self.dir_device, self.dir_inode, &self.file_name),
+            (Some(d), Some(i), Some(n)) if (d, i) == dir && n == name);
+        by_dir || self.lease_path.as_deref() == Some(lease_path)
     }
 }
 
@@ -240,13 +241,24 @@ pub fn json_path(bytes: &[u8]) -> String {
     out
 }
 
-/// The largest `"generation":N` in bytes that are not a valid record (a
-/// record torn by a crash keeps the new generation at its head), so the
-/// fencing token keeps growing across a corrupted record. `None` when a
-/// generation there does not fit in 64 bits.
-pub fn salvage_generation(bytes: &[u8]) -> Option<u64> {
+/// What a lease file's bytes that are not a valid record say of the last
+/// generation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Salvaged {
+    /// The largest `"generation":N` found (a record torn by a crash keeps
+    /// the new generation at its head).
+    Found(u64),
+    /// No generation is spelled there.
+    Nothing,
+    /// A generation there does not fit in 64 bits.
+    TooLarge,
+}
+
+/// The largest `"generation":N` in bytes that are not a valid record, so
+/// the fencing token keeps growing across a corrupted record.
+pub fn salvage_generation(bytes: &[u8]) -> Salvaged {
     const KEY: &[u8] = b"\"generation\":";
-    let mut best = 0u64;
+    let mut best: Option<u64> = None;
     let mut i = 0;
     while let Some(pos) = bytes[i..].windows(KEY.len()).position(|w| w == KEY) {
         let start = i + pos + KEY.len();
@@ -257,12 +269,20 @@ pub fn salvage_generation(bytes: &[u8]) -> Option<u64> {
             .take_while(u8::is_ascii_digit)
             .collect();
         if !digits.is_empty() {
-            let n: u64 = std::str::from_utf8(&digits).ok()?.parse().ok()?;
-            best = best.max(n);
+            let Some(n) = std::str::from_utf8(&digits)
+                .ok()
+                .and_then(|d| d.parse::<u64>().ok())
+            else {
+                return Salvaged::TooLarge;
+            };
+            best = Some(best.map_or(n, |b| b.max(n)));
         }
         i = start;
     }
-    Some(best)
+    match best {
+        Some(g) => Salvaged::Found(g),
+        None => Salvaged::Nothing,
+    }
 }
 
 /// Check caller metadata: a JSON object of bounded size.
@@ -471,8 +491,17 @@ mod tests {
             lease_path: Some("/elsewhere".into()),
             ..Default::default()
         };
+        // The directory's identity (a bind mount, a renamed path)...
         assert!(r.names_lease((1, 2), "app.db.backend-lease", "/srv/app.db.backend-lease"));
-        assert!(!r.names_lease((1, 3), "app.db.backend-lease", "/elsewhere"));
+        // ...or the path (the directory renamed away, replaced, re-created
+        // or mounted over: another directory at the same path).
+        assert!(r.names_lease((1, 3), "app.db.backend-lease", "/elsewhere"));
+        assert!(!r.names_lease((1, 3), "app.db.backend-lease", "/srv/app.db.backend-lease"));
+        assert!(!r.names_lease(
+            (1, 2),
+            "other.db.backend-lease",
+            "/srv/other.db.backend-lease"
+        ));
         let old = Record {
             lease_path: Some("/srv/x".into()),
             ..Default::default()

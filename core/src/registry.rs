@@ -9,7 +9,7 @@
 //! table, bumps the fork epoch (handles of an older epoch are dead) and drops
 //! the registry pointer so the child lazily builds a fresh one.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::os::fd::RawFd;
 use std::path::{Path, PathBuf};
 use std::ptr;
@@ -71,6 +71,12 @@ pub(crate) struct Inner {
     /// Threads waiting in `wait_settled` (a notify costs a system call, so
     /// it is only made when someone waits).
     waiting: usize,
+    /// Lease paths where an attempt of this process was last refused by the
+    /// holder of a former lease file (the next attempt looks for it before
+    /// locking anything).
+    refused: HashSet<PathBuf>,
+    /// The file this process last acquired at each lease path.
+    last_held: HashMap<PathBuf, Key>,
 }
 
 #[derive(Default)]
@@ -317,6 +323,38 @@ impl Inner {
             .iter()
             .filter(move |((d, _), _)| *d == dev)
             .map(|((_, i), s)| (*i, s))
+    }
+
+    pub(crate) fn remember_refusal(&mut self, lease_path: &Path) {
+        // Bounded: a process refused at very many paths starts over.
+        if self.refused.len() >= 4096 {
+            self.refused.clear();
+        }
+        self.refused.insert(lease_path.to_path_buf());
+    }
+
+    pub(crate) fn remembers_refusal(&self, lease_path: &Path) -> bool {
+        !self.refused.is_empty() && self.refused.contains(lease_path)
+    }
+
+    pub(crate) fn forget_refusal(&mut self, lease_path: &Path) {
+        if !self.refused.is_empty() {
+            self.refused.remove(lease_path);
+        }
+    }
+
+    /// Whether `key` is the file this process last acquired at `lease_path`.
+    pub(crate) fn held_last(&self, lease_path: &Path, key: Key) -> bool {
+        self.last_held.get(lease_path) == Some(&key)
+    }
+
+    pub(crate) fn note_held(&mut self, lease_path: &Path, key: Key) {
+        if self.last_held.len() >= 4096 {
+            self.last_held.clear();
+        }
+        if self.last_held.get(lease_path) != Some(&key) {
+            self.last_held.insert(lease_path.to_path_buf(), key);
+        }
     }
 
     pub(crate) fn insert(&mut self, key: Key, shared: Arc<Shared>) {

@@ -262,3 +262,36 @@ fn torn_record_is_unreadable_and_counted_unclean_and_generation_grows() {
     assert_eq!(l.previous_released_cleanly(), Some(false));
     assert_eq!(l.generation(), Some(2));
 }
+
+#[test]
+fn an_emptied_lease_file_is_no_new_lease_and_its_generation_cannot_repeat() {
+    let d = dir();
+    let db = d.path().join("app.db");
+    let lp = d.path().join("app.db.backend-lease");
+    // A file someone created and nobody wrote: a new lease.
+    std::fs::File::create(&lp).unwrap();
+    let l = Lease::acquire(&db, &Options::new()).unwrap();
+    assert_eq!(l.generation(), Some(1));
+    assert_eq!(l.previous_released_cleanly(), Some(true));
+    drop(l);
+    // The same file emptied after it held records (a log rotation's
+    // copytruncate, `: > file`), later than the filesystem's clock tick: it
+    // says nothing of how the last holder ended, and generation 1 would
+    // repeat a fencing token already handed out.
+    std::thread::sleep(Duration::from_millis(20));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&lp)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    let l = Lease::acquire(&db, &Options::new()).unwrap();
+    assert_eq!(l.previous_released_cleanly(), None);
+    let g = l.generation().unwrap();
+    assert!(g > 1_000_000_000_000_000, "jumps to the clock: {g}");
+    drop(l);
+    // And grows one by one from there.
+    let l = Lease::acquire(&db, &Options::new()).unwrap();
+    assert_eq!(l.generation(), Some(g + 1));
+    assert_eq!(l.previous_released_cleanly(), Some(true));
+}

@@ -28,7 +28,7 @@ fuzz_target!(|data: &[u8]| {
         Content::Unreadable => {}
     }
     // Never a panic, and never less than a generation spelled plainly there.
-    if let Some(g) = record::salvage_generation(data) {
+    if let record::Salvaged::Found(g) = record::salvage_generation(data) {
         // (JSON digits only: `+1` or `1e3` is no generation anyone wrote.)
         let plain = std::str::from_utf8(data)
             .ok()

@@ -445,7 +445,7 @@ int main(int argc, char **argv) {
             done();
         } else if (!strcmp(name, "acquire")) {
             acquire(line);
-        } else if (!strcmp(name, "release") || !strcmp(name, "check")) {
+        } else if (!strcmp(name, "release") || !strcmp(name, "check") || !strcmp(name, "ensure")) {
             sidelease_lease *l = handle(line);
             if (!l) {
                 printf("{\"ok\":false,\"error\":{\"kind\":\"protocol\",\"message\":\"no such handle\"}}");
@@ -454,6 +454,10 @@ int main(int argc, char **argv) {
             }
             if (!strcmp(name, "release")) {
                 sidelease_status st = sidelease_lease_release(l);
+                if (st != SIDELEASE_OK) { error(st); continue; }
+                printf("{\"ok\":true}");
+            } else if (!strcmp(name, "ensure")) {
+                sidelease_status st = sidelease_lease_ensure_held(l);
                 if (st != SIDELEASE_OK) { error(st); continue; }
                 printf("{\"ok\":true}");
             } else {

@@ -213,6 +213,9 @@ def main() -> None:
                 say(wait_lost(handles[cmd["handle"]], cmd.get("timeout", 5.0)))
             elif name == "check":
                 say({"ok": True, "check": handles[cmd["handle"]].check()})
+            elif name == "ensure":
+                handles[cmd["handle"]].ensure_held()
+                say({"ok": True})
             elif name == "inspect":
                 say({"ok": True, "inspect": sidelease.inspect(cmd["target"], **({"suffix": cmd["suffix"]} if "suffix" in cmd else {}))})
             elif name == "exec_self":

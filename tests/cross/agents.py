@@ -40,16 +40,21 @@ class HandshakeError(AssertionError):
 
 
 class Agent:
-    def __init__(self, runtime: str, role: str = "") -> None:
+    """`wrap`: a command the agent runs under (`unshare ...`), which must
+    exec it in place (the agent's PID is the process started)."""
+
+    def __init__(self, runtime: str, role: str = "", wrap: Optional[List[str]] = None,
+                 env: Optional[Dict[str, str]] = None) -> None:
         self.runtime = runtime
         self.role = role or runtime
         self.transcript: List[str] = []
         self.proc = subprocess.Popen(
-            COMMANDS[runtime],
+            (wrap or []) + COMMANDS[runtime],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             cwd=ROOT,
+            env=dict(os.environ, **env) if env else None,
         )
         self.buf = b""
         ready = self.recv()

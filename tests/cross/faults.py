@@ -4,12 +4,15 @@ directories this run made."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
+import json
 import os
 import random
 import re
 import shutil
 import signal
+import subprocess
 import tempfile
 import threading
 import time
@@ -20,14 +23,21 @@ from agents import RUNTIMES, Agent, HandshakeError
 
 def file_op(op: str, path: str, to: str) -> Optional[int]:
     """Deliberate damage to a lease file in a test directory. "rival" locks
-    a new file first and renames it over the lease file; its descriptor is
-    returned (the caller closes it when done)."""
+    a new file first, writes its own record there (as a sidelease process
+    that won it would) and renames it over the lease file; "plain_rival"
+    does the same without a record (as `flock(1)` would). Their descriptor
+    is returned (the caller closes it when done)."""
     if op == "move":
         os.rename(path, path + ".old")
-    elif op == "rival":
+    elif op in ("rival", "plain_rival"):
         tmp = path + ".rival"
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         fcntl.flock(fd, fcntl.LOCK_EX)
+        if op == "rival":
+            st = os.fstat(fd)
+            record = {"schema": 1, "generation": 7, "pid": os.getpid(), "nonce": os.urandom(16).hex(),
+                      "device": st.st_dev, "inode": st.st_ino, "runtime": "rival"}
+            os.write(fd, json.dumps(record).encode() + b"\n")
         os.rename(tmp, path)
         return fd
     elif op == "unlink_recreate":
@@ -40,12 +50,43 @@ def file_op(op: str, path: str, to: str) -> Optional[int]:
         with open(tmp, "w") as f:
             f.write("{}")
         os.replace(tmp, path)
+    elif op == "truncate":  # a log rotation's copytruncate, `: > file`
+        with open(path, "r+b") as f:
+            f.truncate(0)
     elif op == "corrupt":  # in place, same inode
         with open(path, "r+b") as f:
             f.write(b"\0\0garbage{{{")
     elif op == "symlink":
         open(path, "a").close()
         os.symlink(path, to)
+    else:
+        raise ValueError(op)
+    return None
+
+
+def dir_op(op: str, path: str) -> Optional[Callable[[], None]]:
+    """Deliberate damage to a lease's directory (in a test directory): what
+    a deploy script, an operator or a container runtime does to it. Returns
+    how to undo what outlives the scenario (a mount)."""
+    if op == "move_recreate":  # mv dir dir2; mkdir dir; touch dir/app.db
+        os.rename(path, path + ".moved")
+        os.mkdir(path)
+        open(os.path.join(path, "app.db"), "w").close()
+    elif op == "rmtree_recreate":  # rm -rf dir; mkdir dir
+        # The holder may put its file back between rm's unlink and its
+        # rmdir (then rmdir fails, as `rm -rf` would): do it again, as an
+        # operator would, until the directory is gone.
+        for _ in range(1000):
+            try:
+                shutil.rmtree(path)
+                break
+            except OSError as e:
+                if e.errno != errno.ENOTEMPTY:
+                    raise
+        os.mkdir(path)
+    elif op == "mount_tmpfs":  # mount -t tmpfs tmpfs dir
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", path], check=True)
+        return lambda: subprocess.run(["umount", "-l", path], check=False)
     else:
         raise ValueError(op)
     return None

@@ -2,7 +2,7 @@
 ordered pair (holder runtime x contender runtime), then the stress, crash
 injection and tampering runs. Ends with "N passed, N failed".
 
-    python tests/cross/run.py [--only SCENARIO] [--pairs rust:c,...] [--soak]
+    python tests/cross/run.py [--only SCENARIO | --check NAME] [--pairs rust:c,...] [--soak]
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional, Tuple
 sys.path.insert(0, str(Path(__file__).parent))
 
 from agents import CAPABILITIES, RECORD_RUNTIME, ROOT, RUNTIMES, Agent, HandshakeError, kill_pid  # noqa: E402
+import defence  # noqa: E402
 import faults  # noqa: E402
 import pg  # noqa: E402
 
@@ -40,6 +41,12 @@ class Context:
         self.children: List[int] = []
         self.fds: List[int] = []
         self.db = os.path.join(self.dir, "app.db")
+        # A database in a directory of its own, for the scenarios that
+        # rename, replace or mount over the lease's directory.
+        self.sub = os.path.join(self.dir, "d")
+        os.mkdir(self.sub)
+        self.subdb = os.path.join(self.sub, "app.db")
+        self.cleanups: List[Any] = []
         self.pg = pg.lease_url(os.path.basename(self.dir))
 
     def agent(self, role: str) -> Agent:
@@ -54,6 +61,8 @@ class Context:
             if "$pg" in v:
                 v = (v.replace("$pgshown", pg.shown(self.pg)).replace("$pgwrongpw", pg.wrong_password(self.pg))
                      .replace("$pgnolease", self.pg.split("?")[0]).replace("$pg", self.pg))
+            v = (v.replace("$sublease", self.subdb + ".backend-lease").replace("$subdb", self.subdb)
+                 .replace("$sub", self.sub))
             v = v.replace("$lease", self.db + ".backend-lease").replace("$db", self.db).replace("$dir", self.dir)
             if v.startswith("$pid:"):
                 return self.agent(v[5:]).pid
@@ -67,6 +76,8 @@ class Context:
     def close(self) -> None:
         for a in self.agents.values():
             a.close()
+        for undo in reversed(self.cleanups):
+            undo()
         for pid in self.children:
             kill_pid(pid)
         for fd in self.fds:
@@ -79,7 +90,7 @@ class Context:
 
 def match(ctx: Context, expected: Any, got: Any, where: str = "") -> List[str]:
     """Subset match; "$pid:ROLE", "$runtime:ROLE", "$saved:KEY", "$any",
-    "$contains:TEXT" (with $pid: inside) are patterns."""
+    "$contains:TEXT" (with $pid: inside), "$in:A,B" (one of) are patterns."""
     if isinstance(expected, dict):
         if not isinstance(got, dict):
             return [f"{where}: expected an object, got {got!r}"]
@@ -104,6 +115,9 @@ def match(ctx: Context, expected: Any, got: Any, where: str = "") -> List[str]:
         if expected.startswith("$saved:"):
             want = ctx.saved[expected[7:]]
             return [] if got == want else [f"{where}: expected saved {want!r}, got {got!r}"]
+        if expected.startswith("$in:"):
+            options = expected[4:].split(",")
+            return [] if got in options else [f"{where}: expected one of {options}, got {got!r}"]
         if expected.startswith("$contains:"):
             text = expected[10:]
             for role, pid in ctx.pids.items():
@@ -132,6 +146,16 @@ def run_step(ctx: Context, step: Dict[str, Any]) -> None:
         got = ctx.agent(who).recv(step.get("within", 10.0))
         if "within" in step:
             assert time.monotonic() - t <= step["within"], "answer came too late"
+    elif kind == "eventually":  # the same call until it answers as expected
+        a = ctx.agent(who)
+        deadline = time.monotonic() + step.get("within", 2.0)
+        cmd = ctx.subst(step["cmd"])
+        expected = ctx.subst(step.get("expect", {}))
+        while True:
+            got = a.call(cmd)
+            if not match(ctx, expected, got, who or "") or time.monotonic() > deadline:
+                break
+            time.sleep(0.005)
     elif kind == "ready":  # after exec_self: the new image's ready line
         got = ctx.agent(who).recv()
     elif kind == "wait_blocked":  # the agent has the lease file open: it waits
@@ -157,6 +181,11 @@ def run_step(ctx: Context, step: Dict[str, Any]) -> None:
         if fd is not None:
             ctx.fds.append(fd)
         return
+    elif kind == "dir":
+        undo = faults.dir_op(step["op"], ctx.subst(step.get("path", "$sub")))
+        if undo is not None:
+            ctx.cleanups.append(undo)
+        return
     elif kind == "sleep":
         time.sleep(step["seconds"])
         return
@@ -177,6 +206,8 @@ def run_scenario(sc: Dict[str, Any], holder: str, contender: str) -> Tuple[str, 
     missing = set(sc.get("holder_needs", [])) - CAPABILITIES[holder]
     if missing:
         return "n/a", f"{holder} cannot {', '.join(sorted(missing))}"
+    if "root" in sc.get("needs", []) and os.geteuid() != 0:
+        return "n/a", "needs root (mount)"
     ctx = Context(holder, contender)
     try:
         for i, step in enumerate(sc["steps"]):
@@ -197,11 +228,14 @@ def main() -> int:
     ap.add_argument("--pairs", help="holder:contender,... (default: all 25)")
     ap.add_argument("--soak", action="store_true", help="longer stress, crash and tamper runs")
     ap.add_argument("--no-faults", action="store_true", help="scenarios only")
+    ap.add_argument("--check", help="only the stress/fault checks whose name contains this")
     args = ap.parse_args()
 
     scenarios = [json.loads(p.read_text()) for p in sorted(SCENARIOS.glob("*.json"))]
     if args.only:
         scenarios = [s for s in scenarios if s["name"] == args.only]
+    if args.check:
+        scenarios = []
     pairs = [tuple(p.split(":")) for p in args.pairs.split(",")] if args.pairs else [
         (h, c) for h in RUNTIMES for c in RUNTIMES
     ]
@@ -225,7 +259,9 @@ def main() -> int:
           f"(Node and Bun cannot exec or fork themselves) in {time.monotonic() - start:.1f}s", flush=True)
 
     if not args.no_faults and not args.only:
-        for name, check in faults.CHECKS:
+        for name, check in faults.CHECKS + defence.CHECKS:
+            if args.check and args.check not in name:
+                continue
             t = time.monotonic()
             try:
                 summary = check(args.soak)

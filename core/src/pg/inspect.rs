@@ -142,6 +142,7 @@ async fn run(t: &Target) -> Result<Inspection> {
         record,
         record_status,
         orphans: Vec::new(),
+        former: Vec::new(),
         unattributed: 0,
         server: holder,
     })

@@ -56,6 +56,16 @@ pub fn parse_line(line: &str) -> Option<FlockLock> {
 /// The listing grows with the machine's lock count, so only the lines of the
 /// device asked about are kept, and the read buffer is reused per thread.
 pub fn flock_locks_on(major: u32, minor: u32) -> io::Result<Vec<FlockLock>> {
+    flock_locks_where(|l| l.on_device(major, minor))
+}
+
+/// Every granted exclusive flock lock, on any device (a former lease file
+/// may sit on a filesystem the directory was since mounted over).
+pub fn exclusive_flock_locks() -> io::Result<Vec<FlockLock>> {
+    flock_locks_where(|l| l.exclusive)
+}
+
+fn flock_locks_where(keep: impl Fn(&FlockLock) -> bool) -> io::Result<Vec<FlockLock>> {
     thread_local! {
         static BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
     }
@@ -66,7 +76,7 @@ pub fn flock_locks_on(major: u32, minor: u32) -> io::Result<Vec<FlockLock>> {
         Ok(text
             .lines()
             .filter_map(parse_line)
-            .filter(|l| l.on_device(major, minor))
+            .filter(|l| keep(l))
             .collect())
     })
 }

@@ -9,5 +9,6 @@ compile_error!("sidelease is built and tested on Linux only; see DESIGN §11");
 
 pub mod fskind;
 pub mod locks;
+pub mod mounts;
 pub mod notify;
 pub mod process;

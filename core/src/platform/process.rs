@@ -436,6 +436,18 @@ pub fn read_at_most(fd: BorrowedFd<'_>, hint: usize, limit: usize) -> io::Result
     Ok(buf)
 }
 
+/// Whether nothing can be written into the open file: it is immutable or
+/// append-only (`chattr +i`/`+a`), or its mount is read-only.
+pub fn unwritable(fd: BorrowedFd<'_>) -> bool {
+    use rustix::fs::{AtFlags, StatVfsMountFlags, StatxAttributes, StatxFlags};
+    let attrs = rustix::fs::statx(fd, "", AtFlags::EMPTY_PATH, StatxFlags::BASIC_STATS)
+        .map(|x| x.stx_attributes)
+        .unwrap_or(StatxAttributes::empty());
+    let read_only_mount =
+        rustix::fs::fstatvfs(fd).is_ok_and(|v| v.f_flag.contains(StatVfsMountFlags::RDONLY));
+    attrs.intersects(StatxAttributes::IMMUTABLE | StatxAttributes::APPEND) || read_only_mount
+}
+
 /// Every PID visible in `/proc`.
 pub fn all_pids() -> io::Result<Vec<u32>> {
     Ok(std::fs::read_dir("/proc")?

@@ -76,6 +76,15 @@ fn run(cmd: &Value, handles: &mut HashMap<u64, Lease>, next: &mut u64, execs: u6
                 json!({"ok": false, "error": {"kind": "protocol", "message": "no such handle"}})
             }
         },
+        "ensure" => match handles.get(&handle()) {
+            Some(l) => match l.ensure_held() {
+                Ok(()) => json!({"ok": true}),
+                Err(e) => error_json(&e),
+            },
+            None => {
+                json!({"ok": false, "error": {"kind": "protocol", "message": "no such handle"}})
+            }
+        },
         "state" => match handles.get(&handle()) {
             Some(l) => state_json(l),
             None => {
@@ -121,6 +130,7 @@ fn run(cmd: &Value, handles: &mut HashMap<u64, Lease>, next: &mut u64, execs: u6
             }
         }
         "stress" => stress(cmd),
+        "spin" => spin(cmd),
         "threads" => threads(cmd),
         "fork_storm" => fork_storm(cmd),
         "crash" => {
@@ -177,6 +187,46 @@ fn stress(cmd: &Value) -> Value {
         done += 1;
     }
     json!({"ok": true, "done": done, "overlaps": overlaps, "timeouts": timeouts, "lost": lost})
+}
+
+/// One attempt after another (`timeout` 0), as fast as it goes, for
+/// `seconds`: how many were refused, how many won (each win a critical
+/// section checked against `owner`, as in `stress`), and what else failed.
+fn spin(cmd: &Value) -> Value {
+    let owner = cmd["owner"].as_str().unwrap_or("");
+    let me = std::process::id().to_string();
+    let until = std::time::Instant::now()
+        + std::time::Duration::from_secs_f64(cmd["seconds"].as_f64().unwrap_or(1.0));
+    let opts = Options::new().split_guard(cmd["split_guard"].as_bool().unwrap_or(true));
+    let (mut refused, mut won, mut overlaps) = (0u64, 0u64, 0u64);
+    let mut errors: Vec<String> = Vec::new();
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    while std::time::Instant::now() < until {
+        match Lease::acquire(target(cmd), &opts) {
+            Ok(lease) => {
+                won += 1;
+                if read(owner).trim() != "-" {
+                    overlaps += 1;
+                }
+                let _ = std::fs::write(owner, &me);
+                std::thread::sleep(std::time::Duration::from_millis(1));
+                if read(owner).trim() != me {
+                    overlaps += 1;
+                }
+                let _ = std::fs::write(owner, "-");
+                drop(lease);
+            }
+            Err(Error::InUse(_)) => refused += 1,
+            // The directory or file vanished under a deleting test: a
+            // failed attempt, not a second holder.
+            Err(e) => {
+                if errors.len() < 5 {
+                    errors.push(e.to_string());
+                }
+            }
+        }
+    }
+    json!({"ok": true, "refused": refused, "won": won, "overlaps": overlaps, "errors": errors})
 }
 
 /// `threads` threads acquire one new lease at the same moment, `rounds`

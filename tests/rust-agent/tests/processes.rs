@@ -217,15 +217,19 @@ fn guard_arm(mode: &str) {
         true
     );
     let got = b.acquire_ok(&db);
-    assert_eq!(
-        got["generation"],
-        if matches!(mode, "stable" | "copy") {
-            2
-        } else {
-            1
-        },
-        "{got}"
-    );
+    let generation = got["generation"].as_u64().unwrap();
+    match mode {
+        // The record (or a faithful copy) names generation 1.
+        "stable" | "copy" => assert_eq!(generation, 2, "{got}"),
+        // Bytes that name no generation: it jumps to the clock, past every
+        // generation a counter from 1 could have reached, never 1 again.
+        "replace" => {
+            assert!(generation > 1_000_000_000_000_000, "{got}");
+            assert_eq!(got["previous_released_cleanly"], false, "{got}");
+        }
+        // A brand-new file (created and never written): a new lease.
+        _ => assert_eq!(generation, 1, "{got}"),
+    }
     c.acquire_err(acquire(&db), "in_use");
 }
 
@@ -329,11 +333,11 @@ fn a_rival_that_wins_the_new_file_makes_the_lease_lost() {
     let mut a = Agent::spawn();
     let h = a.acquire_ok(&db);
     let lp = h["lease_path"].as_str().unwrap().to_owned();
-    // The rival locks a file first, then renames it over the lease file.
+    // The rival locks a file first, writes its own record there (as a
+    // sidelease process that won it does), then renames it over the lease
+    // file: it holds the file at the path, and the holder is told at once.
     let tmp = d.path("rival");
-    let rival = std::fs::File::create(&tmp).unwrap();
-    rustix::fs::flock(&rival, rustix::fs::FlockOperation::LockExclusive).unwrap();
-    std::fs::rename(&tmp, &lp).unwrap();
+    let _rival = rival_holding(&tmp, &lp);
     let got = a.call(json!({"cmd": "wait_lost", "handle": h["handle"], "timeout": 2}));
     assert_eq!(got["lost"], true, "{got}");
     assert!(got["elapsed_ms"].as_f64().unwrap() < 50.0, "{got}");
@@ -349,6 +353,49 @@ fn a_rival_that_wins_the_new_file_makes_the_lease_lost() {
         a.call(json!({"cmd": "release", "handle": h["handle"]}))["ok"],
         true
     );
+}
+
+/// A file locked by this test process with a record of its own in it, as
+/// a sidelease holder's file would be, renamed over `lease_path`.
+fn rival_holding(tmp: &str, lease_path: &str) -> std::fs::File {
+    use std::io::Write;
+    use std::os::unix::fs::MetadataExt;
+    let mut rival = std::fs::File::create(tmp).unwrap();
+    rustix::fs::flock(&rival, rustix::fs::FlockOperation::LockExclusive).unwrap();
+    let m = rival.metadata().unwrap();
+    let record = json!({"schema": 1, "generation": 7, "pid": std::process::id(),
+        "nonce": "0123456789abcdef0123456789abcdef", "device": m.dev(), "inode": m.ino(),
+        "runtime": "rival"});
+    writeln!(rival, "{record}").unwrap();
+    std::fs::rename(tmp, lease_path).unwrap();
+    rival
+}
+
+#[test]
+fn a_plain_flock_on_the_new_file_makes_the_lease_lost_once_it_stays() {
+    // A process that is no sidelease holder (flock(1), say) locks a file and
+    // renames it over the lease file: it writes no record, so the holder
+    // gives it the time a refused contender's look would take, then calls
+    // the lease lost, naming it.
+    let d = Dir::new();
+    let db = d.path("job.db");
+    let mut a = Agent::spawn();
+    let h = a.acquire_ok(&db);
+    let lp = h["lease_path"].as_str().unwrap().to_owned();
+    let tmp = d.path("rival");
+    let rival = std::fs::File::create(&tmp).unwrap();
+    rustix::fs::flock(&rival, rustix::fs::FlockOperation::LockExclusive).unwrap();
+    std::fs::rename(&tmp, &lp).unwrap();
+    let got = a.call(json!({"cmd": "wait_lost", "handle": h["handle"], "timeout": 2}));
+    assert_eq!(got["lost"], true, "{got}");
+    let ms = got["elapsed_ms"].as_f64().unwrap();
+    assert!((90.0..600.0).contains(&ms), "{got}");
+    let reason = got["reason"].as_str().unwrap();
+    assert!(
+        reason.contains(&format!("pid {}", std::process::id())),
+        "the reason names the other holder: {reason}"
+    );
+    drop(rival);
 }
 
 #[test]

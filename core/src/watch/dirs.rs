@@ -1,0 +1,244 @@
+//! The directories a held lease's path runs through. A lease protects a
+//! path: renaming, removing or replacing any directory on it (or mounting
+//! over one, which `platform::mounts` hears) makes the path lead elsewhere
+//! while the lease file itself sees nothing. So every directory of the
+//! path, from the first one below `/` to the lease file's own, is watched
+//! for what only that gives — `IN_MOVE_SELF`, `IN_DELETE_SELF`,
+//! `IN_UNMOUNT` — never for what happens inside it (a SQLite database
+//! beside the lease file creates and deletes its journal on every
+//! transaction). One chain per directory, shared by every lease in it.
+//! (A directory can only be removed once it is empty, so the lease file's
+//! own `IN_ATTRIB` comes first; its `IN_DELETE_SELF` comes only when the
+//! holder lets go of the file it kept open inside, which keeps the
+//! directory's dentry alive.)
+//!
+//! While a lease file cannot be put back (its directory is gone), the
+//! deepest directory of its path that still exists is also watched for
+//! entries being created or moved in, so the holder puts the file back as
+//! soon as the path can lead to it again.
+
+use std::collections::HashMap;
+use std::os::fd::BorrowedFd;
+use std::path::{Path, PathBuf};
+
+use rustix::fs::inotify::{self, WatchFlags};
+use rustix::io::Errno;
+
+use crate::path::parent_of;
+use crate::registry::Key;
+
+/// What a directory of a lease path is watched for.
+pub(super) const CHAIN: WatchFlags = WatchFlags::MOVE_SELF
+    .union(WatchFlags::DELETE_SELF)
+    .union(WatchFlags::ONLYDIR)
+    .union(WatchFlags::DONT_FOLLOW);
+
+/// And, while a lease file cannot be put back, its deepest existing
+/// directory for this too.
+const CREATING: WatchFlags = WatchFlags::CREATE
+    .union(WatchFlags::MOVED_TO)
+    .union(WatchFlags::ATTRIB);
+
+/// One watched directory.
+pub(super) struct Dir {
+    pub path: PathBuf,
+    /// Also watched for entries appearing (see [`CREATING`]).
+    pub creating: bool,
+}
+
+#[derive(Default)]
+pub(super) struct Dirs {
+    /// By watch descriptor.
+    pub by_wd: HashMap<i32, Dir>,
+    /// A lease directory (device, inode) whose whole chain is watched: the
+    /// watch descriptors of its chain.
+    pub chains: HashMap<Key, Vec<i32>>,
+}
+
+/// What a directory's event means.
+pub(super) enum Heard {
+    /// Not one of these directories.
+    Nothing,
+    /// A directory of some lease path moved, vanished or was unmounted:
+    /// every lease must be looked at, and chains made again.
+    PathChanged,
+    /// Something appeared in a directory where a lease file is missing.
+    Appeared,
+}
+
+impl Dirs {
+    pub fn is_chained(&self, dir: Key) -> bool {
+        self.chains.contains_key(&dir)
+    }
+
+    /// Forget a directory watch (the kernel dropped it, or it is no longer
+    /// on the path it was added for) and every chain through it.
+    fn drop_wd(&mut self, wd: i32) {
+        self.by_wd.remove(&wd);
+        self.chains.retain(|_, wds| !wds.contains(&wd));
+    }
+
+    pub fn heard(&mut self, inotify: BorrowedFd<'_>, wd: i32, flags: inotify::ReadFlags) -> Heard {
+        use inotify::ReadFlags as R;
+        let Some(dir) = self.by_wd.get(&wd) else {
+            return Heard::Nothing;
+        };
+        if flags.contains(R::IGNORED) {
+            self.drop_wd(wd);
+            return Heard::PathChanged;
+        }
+        if flags.intersects(R::MOVE_SELF | R::DELETE_SELF | R::UNMOUNT) {
+            // The watch stays on the inode, which is no longer where the
+            // path goes: let it go; the chain is made again by path.
+            let _ = inotify::remove_watch(inotify, wd);
+            self.drop_wd(wd);
+            return Heard::PathChanged;
+        }
+        if dir.creating && flags.intersects(R::CREATE | R::MOVED_TO | R::ATTRIB) {
+            return Heard::Appeared;
+        }
+        Heard::Nothing
+    }
+
+    /// Watch every directory of the path to `dir_path`, whose identity is
+    /// `dir`. `Ok(true)`: watched (or nothing to watch: the directory is
+    /// gone, which the lease's own check handles); `Ok(false)`: the
+    /// directory is not the one the lease was put in any more (look at the
+    /// lease again); `Err`: the kernel refused a watch (the user's watch
+    /// limit): the lease must be polled.
+    pub fn chain(
+        &mut self,
+        inotify: BorrowedFd<'_>,
+        dir_path: &Path,
+        dir: Key,
+    ) -> Result<bool, Errno> {
+        if self.chains.contains_key(&dir) {
+            return Ok(true);
+        }
+        let mut wds = Vec::new();
+        for d in ancestors(dir_path) {
+            match inotify::add_watch(inotify, d, CHAIN | WatchFlags::MASK_ADD) {
+                Ok(wd) => {
+                    self.by_wd.entry(wd).or_insert_with(|| Dir {
+                        path: d.to_path_buf(),
+                        creating: false,
+                    });
+                    wds.push(wd);
+                }
+                // The path changed under us: the lease's check says how.
+                Err(Errno::NOENT) | Err(Errno::NOTDIR) => return Ok(false),
+                Err(e) => return Err(e),
+            }
+        }
+        // Watched from here on; was it still the same directory once the
+        // watches were in place? If not, a change came before them.
+        match rustix::fs::stat(dir_path) {
+            Ok(st) if (st.st_dev, st.st_ino) == dir => {
+                self.chains.insert(dir, wds);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    /// Make the set of directories watched for entries appearing exactly
+    /// `wanted` (the deepest existing directory of each lease path whose
+    /// file cannot be put back). Returns whether a watch was added (what
+    /// appeared before it is heard by no event, so look again now; a watch
+    /// that cannot be added leaves the retry timer alone) and whether one
+    /// was dropped (the chains through it must be made again).
+    pub fn set_creating(&mut self, inotify: BorrowedFd<'_>, wanted: &[PathBuf]) -> (bool, bool) {
+        let mut added = false;
+        let stale: Vec<i32> = self
+            .by_wd
+            .iter()
+            .filter(|(_, d)| d.creating && !wanted.contains(&d.path))
+            .map(|(wd, _)| *wd)
+            .collect();
+        let dropped = !stale.is_empty();
+        for wd in stale {
+            // The wider mask cannot be narrowed in place without its path
+            // (which may lead elsewhere now): drop it; chains are made
+            // again by path.
+            let _ = inotify::remove_watch(inotify, wd);
+            self.drop_wd(wd);
+        }
+        for p in wanted {
+            if self.by_wd.values().any(|d| d.creating && &d.path == p) {
+                continue;
+            }
+            if let Ok(wd) = inotify::add_watch(inotify, p, CREATING | CHAIN | WatchFlags::MASK_ADD)
+            {
+                let d = self.by_wd.entry(wd).or_insert_with(|| Dir {
+                    path: p.clone(),
+                    creating: false,
+                });
+                d.creating = true;
+                added = true;
+            }
+        }
+        (added, dropped)
+    }
+
+    pub fn clear(&mut self) {
+        self.by_wd.clear();
+        self.chains.clear();
+    }
+}
+
+/// The directories of an absolute path below `/`, outermost first
+/// (`/srv/app` gives `/srv`, `/srv/app`).
+fn ancestors(dir: &Path) -> Vec<&Path> {
+    let mut v: Vec<&Path> = dir
+        .ancestors()
+        .filter(|p| p.parent().is_some() && !p.as_os_str().is_empty())
+        .collect();
+    v.reverse();
+    v
+}
+
+/// The deepest directory of `lease_path` that exists now (where its
+/// missing parts will be made).
+pub(super) fn deepest_existing(lease_path: &Path) -> Option<PathBuf> {
+    let mut d = parent_of(lease_path);
+    loop {
+        match rustix::fs::stat(d) {
+            Ok(st) if rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir() => {
+                return Some(d.to_path_buf())
+            }
+            _ => {}
+        }
+        let up = d.parent()?;
+        if up.as_os_str().is_empty() {
+            return None;
+        }
+        d = up;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ancestors_below_the_root() {
+        assert_eq!(
+            ancestors(Path::new("/srv/app/data")),
+            vec![
+                Path::new("/srv"),
+                Path::new("/srv/app"),
+                Path::new("/srv/app/data")
+            ]
+        );
+        assert!(ancestors(Path::new("/")).is_empty());
+    }
+
+    #[test]
+    fn deepest_existing_directory() {
+        let d = tempfile::tempdir().unwrap();
+        let lease = d.path().join("a/b/app.db.backend-lease");
+        assert_eq!(deepest_existing(&lease).as_deref(), Some(d.path()));
+        std::fs::create_dir_all(d.path().join("a/b")).unwrap();
+        assert_eq!(deepest_existing(&lease), Some(d.path().join("a/b")));
+    }
+}
