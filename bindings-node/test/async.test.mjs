@@ -90,6 +90,67 @@ describe('acquireAsync', () => {
     }
   });
 
+  test('an abort after a waited-for lease was taken, before the promise settled, rejects and holds nothing', async () => {
+    // The holder lets go; without yielding, spin until the kernel shows
+    // this process holding the lease (the native side took it), then abort
+    // and only then look at the promise: it must reject, holding nothing.
+    for (let i = 0; i < 3; i++) {
+      const db = path.join(tmpdir(), 'app.db');
+      const h = await Holder.start(db);
+      try {
+        const ac = new AbortController();
+        const pending = sidelease.acquireAsync(db, { timeout: Infinity, signal: ac.signal });
+        await new Promise((r) => setTimeout(r, 50));
+        await h.releaseSoon(100);
+        const until = Date.now() + STEP;
+        while (!sidelease.inspect(db).holders.includes(process.pid)) {
+          assert.ok(Date.now() < until, 'the native side never took the lease');
+        }
+        ac.abort(new Error('gave up'));
+        assert.equal(ac.signal.aborted, true);
+        await assert.rejects(pending, (e) => e.name === 'AbortError' && e.cause.message === 'gave up');
+        await h.next('released');
+        assert.equal(sidelease.inspect(db).state, 'free', 'the lease the abort overtook was released');
+      } finally {
+        h.close();
+      }
+    }
+  });
+
+  test('Promise.race with a timeout that aborts never leaks the lease', async () => {
+    const db = path.join(tmpdir(), 'app.db');
+    const h = await Holder.start(db);
+    try {
+      const ac = new AbortController();
+      const timeout = new Promise((_, reject) =>
+        setTimeout(() => {
+          ac.abort(new Error('too slow'));
+          reject(new Error('too slow'));
+        }, 150),
+      );
+      const acquired = sidelease.acquireAsync(db, { timeout: Infinity, signal: ac.signal });
+      // The holder lets go at about the moment the timeout fires.
+      await h.releaseSoon(150);
+      let lease = null;
+      try {
+        lease = await Promise.race([acquired, timeout]);
+      } catch {
+        // timed out: the acquisition must end holding nothing
+      }
+      const outcome = await acquired.then((l) => l, (e) => e);
+      if (lease) {
+        assert.equal(outcome, lease, 'the race gave the caller the lease it won');
+        lease.release();
+      } else {
+        assert.equal(outcome.name, 'AbortError', 'aborted before it settled: rejected');
+      }
+      await h.next('released');
+      assert.equal(sidelease.inspect(db).state, 'free', 'nothing is held behind the caller');
+    } finally {
+      h.close();
+    }
+  });
+
   test('eight pending waits leave the event loop and fs free', async () => {
     const dir = tmpdir();
     const db = path.join(dir, 'app.db');

@@ -56,6 +56,13 @@ export class Holder {
     return withTimeout(p, STEP, `holder ${what}`);
   }
 
+  /** Let go about `ms` after this resolves (the holder has the request by then). */
+  async releaseSoon(ms) {
+    this.proc.stdin.write(`release-in ${ms}\n`);
+    const msg = await this.next('scheduled');
+    if (msg.event !== 'scheduled') throw new Error(`unexpected ${JSON.stringify(msg)}`);
+  }
+
   async release() {
     this.proc.stdin.write('release\n');
     const msg = await this.next('released');

@@ -269,9 +269,10 @@ impl Lease {
     }
 
     #[pyo3(signature = (*_exc))]
-    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
-        self.release(py)?;
-        Ok(false)
+    /// Never swallows the block's exception (returns None), so a type
+    /// checker knows a `return` inside the block is the function's end.
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<()> {
+        self.release(py)
     }
 
     fn __aenter__(slf: Py<Self>, py: Python<'_>) -> PyResult<Py<Ready>> {
@@ -293,7 +294,7 @@ impl Lease {
         Py::new(
             py,
             Ready {
-                value: Some(false.into_pyobject(py)?.to_owned().into_any().unbind()),
+                value: Some(py.None()),
             },
         )
     }

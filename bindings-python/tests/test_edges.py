@@ -129,6 +129,16 @@ def test_async_with_await_types_the_lease(tmp_path: Any) -> None:
             with sidelease.acquire(b"/x.db") as l2:
                 l2.release()
             return n or 0
+
+        # A return inside the block is the function's end: the context
+        # managers never swallow an exception (mypy: no "Missing return").
+        def state(db: str) -> str:
+            with sidelease.acquire(db) as lease:
+                return lease.check()
+
+        async def state_async(db: str) -> str:
+            async with await sidelease.acquire_async(db) as lease:
+                return lease.check()
         """
     ))
     out, err, status = mypy_api.run(["--strict", "--no-incremental", "--python-version", "3.11", str(src)])

@@ -19,7 +19,13 @@ pub const EXIT_ERROR: u8 = 71;
 #[command(
     name = "sidelease",
     version,
-    about = "One exclusive lease per database, on one machine"
+    about = "One exclusive lease per database: a kernel lock on a sidecar file on one machine, \
+             a PostgreSQL advisory lock across hosts",
+    long_about = "One exclusive lease per database: a kernel lock on a sidecar file \
+                  (TARGET.backend-lease) on one machine, or a PostgreSQL session advisory \
+                  lock across hosts when TARGET is postgresql://[user[:password]@]host[:port]/\
+                  database?lease=NAME. The same lease as the Rust, C, Python, Node and Bun \
+                  libraries take."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -28,7 +34,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Show who holds the lease of TARGET, from the kernel.
+    /// Show who holds the lease of TARGET: from the kernel for a file (a
+    /// database path), from pg_locks and pg_stat_activity for a
+    /// postgresql://…?lease=NAME target.
     ///
     /// Exit status: 0 free, 3 held, 4 split (a live process holds a deleted
     /// former lease file), 5 unknown, 71 error.
@@ -40,7 +48,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Run a command while holding the lease of TARGET.
+    /// Run a command while holding the lease of TARGET (a database path, or
+    /// a postgresql://…?lease=NAME target, held while hold itself runs).
     ///
     /// Exit status: the command's own (128+N if a signal N ended it); 75 (or
     /// --conflict-exit-code) if the lease is held elsewhere; 71 on any other

@@ -401,3 +401,52 @@ fn status_shows_the_holders_own_former_files_apart_from_orphans() {
     );
     assert_eq!(h.finish().code(), Some(3));
 }
+
+#[test]
+fn help_says_what_it_is_now() {
+    let top = String::from_utf8_lossy(&sidelease(&["--help"]).stdout).into_owned();
+    assert!(
+        top.contains("PostgreSQL") && top.contains("one machine"),
+        "{top}"
+    );
+    for sub in ["status", "hold"] {
+        let h = String::from_utf8_lossy(&sidelease(&[sub, "--help"]).stdout).into_owned();
+        assert!(h.contains("postgresql://"), "{sub} --help: {h}");
+    }
+}
+
+#[test]
+fn a_refusal_by_a_lock_that_is_no_sidelease_holder_names_that_process() {
+    // A holder released cleanly, then flock(1) took the lease file: the
+    // refusal leads with the process the kernel names and says what the
+    // record left in the file is; the released holder is not named as the
+    // holder.
+    let d = tempfile::tempdir().unwrap();
+    let db = d.path().join("app.db");
+    let db = db.to_str().unwrap();
+    let h = Holder::start(db, &[]);
+    let released_by = h.command_pid();
+    assert_eq!(h.finish().code(), Some(3));
+    let lease = format!("{db}.backend-lease");
+    let mut flock = Command::new("flock")
+        .args(["--no-fork", &lease, "sleep", "60"])
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while status_json(db).0 != 3 {
+        assert!(Instant::now() < deadline, "flock(1) never locked it");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let out = sidelease(&["hold", db, "--", "true"]);
+    let _ = flock.kill();
+    let _ = flock.wait();
+    assert_eq!(out.status.code(), Some(75));
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        err.contains(&format!(
+            "is leased by pid {} (the lease file's record is of pid {released_by}",
+            flock.id()
+        )) && err.contains("which released it at"),
+        "{err}"
+    );
+}

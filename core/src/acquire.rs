@@ -761,6 +761,7 @@ impl FilePending {
             lease_path: self.lease_path().to_path_buf(),
             holder: None,
             holders: Vec::new(),
+            record_note: None,
             waited: self.started.elapsed(),
         };
         if let Some(orphan) = &self.orphan {
@@ -769,10 +770,20 @@ impl FilePending {
             return c;
         }
         if let Some(of) = &self.open {
+            let mut rec = None;
             if let Ok(bytes) = process::read_at_most(of.fd(), of.size, record::RECORD_MAX_BYTES) {
-                c.holder = Content::parse(&bytes).record().cloned();
+                rec = Content::parse(&bytes).record().cloned();
             }
-            c.holders = holders::holders_of(of.fd(), c.holder.as_ref().and_then(|r| r.pid));
+            c.holders = holders::holders_of(of.fd(), rec.as_ref().and_then(|r| r.pid));
+            // The record names the process that holds the lock, or it is a
+            // record left behind (released, its process gone) while
+            // something else holds the lock: then it is no holder of ours.
+            if let Some(r) = rec {
+                match holders::record_is_holder(&r, &c.holders) {
+                    Ok(()) => c.holder = Some(r),
+                    Err(what) => c.record_note = Some(what),
+                }
+            }
         }
         c
     }

@@ -14,10 +14,15 @@ pub struct Contention {
     /// The lease file that is locked.
     pub lease_path: PathBuf,
     /// The holder record read from the lease file; `None` when it is empty or
-    /// unreadable (which never means "free").
+    /// unreadable (which never means "free"), or when it is not the record of
+    /// the process holding the lock (released, stale, or another process's:
+    /// a lock taken by something that is not a sidelease holder).
     pub holder: Option<Record>,
     /// PIDs the kernel reports as holding the lock (this process's namespace).
     pub holders: Vec<u32>,
+    /// What the lease file's record is when it is not the holder's (`holder`
+    /// is then `None`): for the message.
+    pub record_note: Option<String>,
     /// How long the caller waited before giving up (zero for one attempt).
     pub waited: std::time::Duration,
 }
@@ -156,6 +161,10 @@ impl fmt::Display for Contention {
         match &self.holder {
             Some(rec) if rec.pid.is_some() => {
                 write!(f, "pid {}", rec.pid.unwrap_or_default())?;
+                if rec.pid_ns.is_some() && rec.pid_ns != crate::platform::process::current().pid_ns
+                {
+                    write!(f, " of another PID namespace")?;
+                }
                 if let Some(rt) = &rec.runtime {
                     write!(f, " ({rt})")?;
                 }
@@ -175,7 +184,10 @@ impl fmt::Display for Contention {
                 } else {
                     write!(f, "pid {}", join_pids(&self.holders))?;
                 }
-                write!(f, " (holder record empty or unreadable)")?;
+                match &self.record_note {
+                    Some(note) => write!(f, " ({note})")?,
+                    None => write!(f, " (holder record empty or unreadable)")?,
+                }
             }
         }
         if crate::pg::is_target(&self.lease_path) {

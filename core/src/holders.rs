@@ -5,6 +5,7 @@ use std::os::fd::BorrowedFd;
 
 use crate::platform::locks::{self, FlockLock};
 use crate::platform::process::{self, FdScan, KernelKey};
+use crate::record::Record;
 
 /// PIDs whose descriptors own the lock `key`. `/proc/locks` names the
 /// process that took the lock, which may have exited while a forked child
@@ -72,5 +73,70 @@ pub(crate) fn holders_of(fd: BorrowedFd<'_>, record_pid: Option<u32>) -> Vec<u32
             &l,
         ),
         Err(_) => Vec::new(),
+    }
+}
+
+/// Whether the record `r` is the record of a process in `holders` (the
+/// kernel's, this namespace). When it is not, what it is instead, said for
+/// an in-use message that leads with the kernel's holder: a record
+/// released, or left by a process that does not hold the lock (gone, its
+/// PID reused, another boot, another host), while something that wrote no
+/// record holds it.
+pub(crate) fn record_is_holder(r: &Record, holders: &[u32]) -> Result<(), String> {
+    let me = process::current();
+    let who = || {
+        let mut s = format!("pid {}", r.pid.map_or("?".into(), |p| p.to_string()));
+        if let Some(rt) = &r.runtime {
+            s += &format!(" ({rt})");
+        }
+        if let Some(h) = &r.host {
+            s += &format!(" on {h}");
+        }
+        s
+    };
+    if let Some(at) = &r.released_at {
+        return Err(format!(
+            "the lease file's record is of {}, which released it at {at}",
+            who()
+        ));
+    }
+    if holders.is_empty() {
+        // Nothing to compare with (a holder this reader cannot see).
+        return Ok(());
+    }
+    let differs =
+        |a: &Option<String>, b: &Option<String>| matches!((a, b), (Some(x), Some(y)) if x != y);
+    if differs(&r.host, &me.host) || differs(&r.machine_id, &me.machine_id) {
+        return Err(format!(
+            "the lease file's record is of {}, another host",
+            who()
+        ));
+    }
+    if differs(&r.boot_id, &me.boot_id) {
+        return Err(format!(
+            "the lease file's record is of {}, before the machine last booted",
+            who()
+        ));
+    }
+    let same_start = |pid: u32| match r.proc_start {
+        Some(s) => process::start_time(pid) == Some(s),
+        None => true,
+    };
+    let holds = match (r.pid, r.pid_ns) {
+        // Another PID namespace: a holder whose namespace and start time
+        // are the record's is the process it names.
+        (Some(_), Some(ns)) if Some(ns) != me.pid_ns => holders
+            .iter()
+            .any(|&h| process::pid_namespace(h) == Some(ns) && same_start(h)),
+        (Some(pid), _) => holders.contains(&pid) && same_start(pid),
+        (None, _) => false,
+    };
+    if holds {
+        Ok(())
+    } else {
+        Err(format!(
+            "the lease file's record is of {}, which does not hold it (its holder wrote no record)",
+            who()
+        ))
     }
 }

@@ -176,9 +176,12 @@ def tampering_guard_off(soak: bool) -> str:
     return _run_stress(2_000 if soak else 300, 1, tamper=True, split_guard=False)
 
 
-def _locked_by(pid: int, ino: int) -> bool:
+def locked_by(pid: int, ino: int) -> bool:
     with open("/proc/locks") as f:
         return any(f" {pid} " in line and f":{ino} " in line for line in f)
+
+
+_locked_by = locked_by
 
 
 def reanchor(soak: bool) -> str:

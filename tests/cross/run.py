@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -65,7 +66,9 @@ class Context:
                  .replace("$sub", self.sub))
             v = v.replace("$lease", self.db + ".backend-lease").replace("$db", self.db).replace("$dir", self.dir)
             if v.startswith("$pid:"):
-                return self.agent(v[5:]).pid
+                role = v[5:]
+                # A process a step started (flock(1)), or an agent.
+                return self.pids[role] if role not in self.runtimes and role in self.pids else self.agent(role).pid
             return v
         if isinstance(v, list):
             return [self.subst(x) for x in v]
@@ -180,6 +183,17 @@ def run_step(ctx: Context, step: Dict[str, Any]) -> None:
         fd = faults.file_op(step["op"], ctx.subst(step.get("path", "$lease")), ctx.subst(step.get("to", "")))
         if fd is not None:
             ctx.fds.append(fd)
+        return
+    elif kind == "flock":  # util-linux flock(1) holds the lease file: no sidelease holder
+        path = ctx.subst(step.get("path", "$lease"))
+        proc = subprocess.Popen(["flock", "--no-fork", path, "sleep", "60"])
+        ctx.children.append(proc.pid)
+        ctx.pids["flock"] = proc.pid
+        deadline = time.monotonic() + 10
+        while not faults.locked_by(proc.pid, os.stat(path).st_ino):
+            if time.monotonic() > deadline:
+                raise HandshakeError("flock(1) never locked the lease file")
+            time.sleep(0.002)
         return
     elif kind == "dir":
         undo = faults.dir_op(step["op"], ctx.subst(step.get("path", "$sub")))

@@ -692,6 +692,7 @@ pub(crate) async fn contention(conn: &Conn, t: &Target, started: Instant) -> Con
         lease_path: PathBuf::from(&t.shown),
         holder,
         holders: Vec::new(),
+        record_note: None,
         waited: started.elapsed(),
     }
 }

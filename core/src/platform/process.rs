@@ -436,6 +436,14 @@ pub fn read_at_most(fd: BorrowedFd<'_>, hint: usize, limit: usize) -> io::Result
     Ok(buf)
 }
 
+/// The PID namespace (the inode of `/proc/PID/ns/pid`) of a process this
+/// user may look at.
+pub fn pid_namespace(pid: u32) -> Option<u64> {
+    rustix::fs::stat(format!("/proc/{pid}/ns/pid"))
+        .ok()
+        .map(|s| s.st_ino)
+}
+
 /// Whether nothing can be written into the open file: it is immutable or
 /// append-only (`chattr +i`/`+a`), or its mount is read-only.
 pub fn unwritable(fd: BorrowedFd<'_>) -> bool {
