@@ -100,6 +100,8 @@ struct OpenFile {
     graced: bool,
     /// Written since it was created (`None`: the filesystem cannot tell).
     written: Option<bool>,
+    /// Untouched since its content was last written (see `vouched_for`).
+    untouched: bool,
     /// What the guard's look before locking found (nothing): whether it was
     /// complete, and undecided.
     prechecked: Option<(bool, bool)>,
@@ -309,10 +311,12 @@ impl FilePending {
             } else {
                 None
             };
-            // Locked: does the path still name this inode?
-            match rustix::fs::lstat(&of.canon) {
+            // Locked: does the path, as the caller spelled it, still name
+            // this inode? (Its directory may have been renamed since the
+            // open, and the kernel's name for it with it.)
+            match rustix::fs::lstat(&self.spelled.lease) {
                 Ok(st) if (st.st_dev, st.st_ino) == key && st.st_nlink > 0 => {}
-                Ok(_) | Err(Errno::NOENT) => {
+                Ok(_) | Err(Errno::NOENT) | Err(Errno::NOTDIR) => {
                     drop(flight);
                     self.open = None; // closing drops the lock on the stale inode
                     rounds += 1;
@@ -328,7 +332,7 @@ impl FilePending {
             } else {
                 Content::parse(&bytes)
             };
-            let vouched = vouched_for(&previous, key);
+            let vouched = vouched_for(&previous, key, &of.canon, of.untouched);
             let dir = self.dir_identity(&previous, key, vouched)?;
             let (split_checked, undecided) = if !self.opts.split_guard {
                 (false, false)
@@ -340,6 +344,7 @@ impl FilePending {
                 let target = path::target_of(&of.canon, &self.opts.suffix);
                 let me = guard::Me {
                     lease_path: &of.canon,
+                    spelled: &self.spelled.lease,
                     target: &target,
                     name: &self.spelled.name,
                     dir,
@@ -412,6 +417,7 @@ impl FilePending {
         let target = path::target_of(&of.canon, &self.opts.suffix);
         let me = guard::Me {
             lease_path: &of.canon,
+            spelled: &self.spelled.lease,
             target: &target,
             name: &self.spelled.name,
             dir,
@@ -564,6 +570,7 @@ impl FilePending {
             waited: false,
             graced: false,
             written: None,
+            untouched: false,
             prechecked: None,
         };
         let Some(canon) = path::canonical_from_fd(of.fd(), &self.spelled) else {
@@ -592,6 +599,7 @@ impl FilePending {
         of.access = access::of_file(st.st_mode, st.st_uid, st.st_gid);
         of.age = st.age;
         of.written = st.written;
+        of.untouched = st.untouched;
         Ok(Opened::File(of))
     }
 
@@ -673,6 +681,7 @@ impl FilePending {
             record: rec,
             previous,
             emptied,
+            spelled: self.spelled.lease.clone(),
             watched: self.opts.watch,
             access,
             anchor,
@@ -703,6 +712,8 @@ impl FilePending {
             dir_device: Some(dir.0),
             dir_inode: Some(dir.1),
             file_name: Some(self.spelled.name.to_string_lossy().into_owned()),
+            spelled_path: (self.spelled.lease != of.canon)
+                .then(|| self.spelled.lease.to_string_lossy().into_owned()),
             ..Record::of_this_process(target.to_string_lossy().into_owned(), &self.opts)?
         })
     }

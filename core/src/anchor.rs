@@ -89,34 +89,43 @@ pub(crate) fn check_now(shared: &Arc<Shared>) {
 }
 
 fn check_inner(shared: &Arc<Shared>, sweep: bool) -> Outcome {
-    let path = &shared.lease_path;
     if !matches!(shared.state().phase, Phase::Held) {
         return Outcome::Whole;
     }
-    let now_names = match rustix::fs::lstat(path) {
-        // An unlink notifies before the name leaves the dentry cache, so a
-        // look right after the event can still find the unlinked file: its
-        // link count (already 0) tells.
-        Ok(st) if st.st_nlink == 0 => None,
-        Ok(st) => Some((st.st_dev, st.st_ino)),
-        Err(Errno::NOENT) => None,
-        Err(e) => return failing(shared, &format!("lstat failed: {e}")),
-    };
-    {
-        let mut st = shared.state();
-        if let Some(key) = now_names {
-            if let Some(i) = st.anchors.iter().position(|a| a.key == key) {
-                st.failing_since = None;
-                st.contended_since = None;
-                st.contended_by.clear();
-                if sweep {
-                    rewrite_if_overwritten(shared, &mut st.anchors[i]);
+    // Every path the lease protects: the canonical one, and the one as
+    // spelled through a symlink.
+    let paths: Vec<std::path::PathBuf> = shared.paths().map(Path::to_path_buf).collect();
+    for path in &paths {
+        let now_names = match rustix::fs::lstat(path) {
+            // An unlink notifies before the name leaves the dentry cache, so
+            // a look right after the event can still find the unlinked file:
+            // its link count (already 0) tells.
+            Ok(st) if st.st_nlink == 0 => None,
+            Ok(st) => Some((st.st_dev, st.st_ino)),
+            Err(Errno::NOENT) | Err(Errno::NOTDIR) => None,
+            Err(e) => return failing(shared, &format!("lstat failed: {e}")),
+        };
+        {
+            let mut st = shared.state();
+            if let Some(key) = now_names {
+                if let Some(i) = st.anchors.iter().position(|a| a.key == key) {
+                    if sweep {
+                        rewrite_if_overwritten(shared, &mut st.anchors[i]);
+                    }
+                    continue;
                 }
-                return Outcome::Whole;
             }
         }
+        match reanchor(shared, path, now_names.is_some()) {
+            Outcome::Whole => {}
+            other => return other,
+        }
     }
-    reanchor(shared, now_names.is_some())
+    let mut st = shared.state();
+    st.failing_since = None;
+    st.contended_since = None;
+    st.contended_by.clear();
+    Outcome::Whole
 }
 
 /// A record someone overwrote in place while the lease is held is written
@@ -146,8 +155,8 @@ fn failing(shared: &Shared, why: &str) -> Outcome {
         return Outcome::Lost(Lost {
             lease_path: shared.lease_path.clone(),
             reason: format!(
-                "the lease file could not be put back at its path for {:.0}s ({why})",
-                period.as_secs_f64()
+                "the lease file could not be put back at its path for {} ({why})",
+                seconds(period)
             ),
             holders: Vec::new(),
         });
@@ -155,8 +164,16 @@ fn failing(shared: &Shared, why: &str) -> Outcome {
     Outcome::Retry(now + RETRY.min(period))
 }
 
-fn reanchor(shared: &Arc<Shared>, replaced: bool) -> Outcome {
-    let path = &shared.lease_path;
+/// "60s", "1.5s".
+fn seconds(d: Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{:.1}s", d.as_secs_f64())
+    }
+}
+
+fn reanchor(shared: &Arc<Shared>, path: &Path, replaced: bool) -> Outcome {
     // Threads of this process acquiring the same lease wait for the
     // re-anchor (and then share it) instead of racing it for the new file.
     let id = registry::attempt_id();

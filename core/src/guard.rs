@@ -40,6 +40,9 @@ pub struct Orphan {
 /// The lease being checked.
 pub(crate) struct Me<'a> {
     pub lease_path: &'a Path,
+    /// The lease file's path as the caller spelled it (absolute; differs
+    /// from `lease_path` when a symlink is on the way).
+    pub spelled: &'a Path,
     /// The database: only a process that may write it (or, while it does
     /// not exist, its directory) can have held this lease.
     pub target: &'a Path,
@@ -54,11 +57,9 @@ pub(crate) struct Me<'a> {
 
 impl Me<'_> {
     fn owns(&self, r: &Record) -> bool {
-        r.names_lease(
-            self.dir,
-            &self.name.to_string_lossy(),
-            &self.lease_path.to_string_lossy(),
-        )
+        let canon = self.lease_path.to_string_lossy();
+        let spelled = self.spelled.to_string_lossy();
+        r.names_lease(self.dir, &self.name.to_string_lossy(), &[&canon, &spelled])
     }
 }
 

@@ -192,6 +192,7 @@ pub fn inspect(target: impl AsRef<Path>, options: &Options) -> Result<Inspection
         found.key.map(|k| k.1),
         &guard::Me {
             lease_path: lp,
+            spelled: &spelled.lease,
             target: &target,
             name: &spelled.name,
             dir: (dir.st_dev, dir.st_ino),

@@ -76,6 +76,11 @@ pub(crate) struct Shared {
     /// (or the filesystem could not tell): nothing says how the last holder
     /// ended.
     pub emptied: bool,
+    /// The lease file's path as the acquisition spelled it (absolute): when
+    /// a symlink on the way makes it differ from `lease_path`, it too must
+    /// lead to a file this lease holds (a deploy may flip the symlink; the
+    /// service opens its database through it).
+    pub spelled: PathBuf,
     pub writable: bool,
     /// Whether the holder's watch defends this lease (re-anchoring, lost).
     pub watched: bool,
@@ -103,6 +108,7 @@ pub(crate) struct SharedInit {
     pub record: Record,
     pub previous: Content,
     pub emptied: bool,
+    pub spelled: PathBuf,
     pub watched: bool,
     pub access: Access,
     pub anchor: Anchor,
@@ -122,6 +128,7 @@ impl Shared {
         );
         s.emptied = init.emptied;
         s.watched = init.watched;
+        s.spelled = init.spelled;
         s
     }
 
@@ -162,6 +169,7 @@ impl Shared {
         Shared {
             epoch: registry::epoch(),
             target,
+            spelled: lease_path.clone(),
             lease_path,
             record,
             previous,
@@ -182,6 +190,13 @@ impl Shared {
             lost_fd: OnceLock::new(),
             pg,
         }
+    }
+
+    /// The paths that must lead to a file this lease holds: the canonical
+    /// one, and the one as spelled when a symlink made them differ.
+    pub(crate) fn paths(&self) -> impl Iterator<Item = &Path> {
+        std::iter::once(self.lease_path.as_path())
+            .chain((self.spelled != self.lease_path).then_some(self.spelled.as_path()))
     }
 
     /// One handle fewer; true for the last one.
@@ -421,19 +436,21 @@ impl Lease {
                 _ => Ok(Check::Held),
             };
         }
-        let path = &s.lease_path;
-        match rustix::fs::lstat(path) {
-            Ok(st) => {
-                let key = (st.st_dev, st.st_ino);
-                if s.state().anchors.iter().any(|a| a.key == key) {
-                    Ok(Check::Held)
-                } else {
-                    Ok(Check::Replaced)
+        for path in s.paths() {
+            match rustix::fs::lstat(path) {
+                Ok(st) if st.st_nlink > 0 => {
+                    let key = (st.st_dev, st.st_ino);
+                    if !s.state().anchors.iter().any(|a| a.key == key) {
+                        return Ok(Check::Replaced);
+                    }
                 }
+                Ok(_) | Err(rustix::io::Errno::NOENT) | Err(rustix::io::Errno::NOTDIR) => {
+                    return Ok(Check::Unlinked)
+                }
+                Err(e) => return Err(Error::io("lstat", path, e)),
             }
-            Err(rustix::io::Errno::NOENT) => Ok(Check::Unlinked),
-            Err(e) => Err(Error::io("lstat", path, e)),
         }
+        Ok(Check::Held)
     }
 
     /// Held, lost (the holder's watch found the lease file replaced or
@@ -473,7 +490,7 @@ impl Lease {
             // A PostgreSQL lease is only as sure as the server's last answer.
             return crate::pg::check_confirmed(s, link);
         }
-        if self.whole(s)? {
+        if self.whole()? {
             return Ok(());
         }
         if s.watched {
@@ -481,7 +498,7 @@ impl Lease {
             if let Phase::Lost(l) = &s.state().phase {
                 return Err(Error::Lost(Box::new(l.clone())));
             }
-            if self.whole(s)? {
+            if self.whole()? {
                 return Ok(());
             }
         }
@@ -495,16 +512,8 @@ impl Lease {
     }
 
     /// Does the lease path name a file this lease holds?
-    fn whole(&self, s: &Shared) -> Result<bool> {
-        match rustix::fs::lstat(&s.lease_path) {
-            Ok(st) if st.st_nlink > 0 => Ok(s
-                .state()
-                .anchors
-                .iter()
-                .any(|a| a.key == (st.st_dev, st.st_ino))),
-            Ok(_) | Err(rustix::io::Errno::NOENT) | Err(rustix::io::Errno::NOTDIR) => Ok(false),
-            Err(e) => Err(Error::io("lstat", &s.lease_path, e)),
-        }
+    fn whole(&self) -> Result<bool> {
+        Ok(self.check()? == Check::Held)
     }
 
     /// A descriptor that turns readable when the lease is lost, or when its

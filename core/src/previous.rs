@@ -23,9 +23,23 @@ use crate::registry::Key;
 /// matters: `/proc/locks` takes the kernel's global file-lock rwsem for
 /// writing, which costs an RCU grace period (milliseconds) whenever it has
 /// not been taken recently.
-pub(crate) fn vouched_for(previous: &Content, (dev, ino): Key) -> bool {
-    matches!(previous, Content::Record(r)
-        if r.inode == Some(ino) && r.device == Some(dev) && r.split_checked == Some(true))
+///
+/// The record must also be this lease's (its path is this lease file's),
+/// and the file must not have been touched since that record was written
+/// (its status-change time is its modification time): a file that was a
+/// lease file before — another database's, or this one's from an earlier
+/// life — renamed over the live one carries a record that vouches for its
+/// own inode, and a rename changes only the status-change time.
+pub(crate) fn vouched_for(
+    previous: &Content,
+    (dev, ino): Key,
+    lease_path: &Path,
+    untouched: bool,
+) -> bool {
+    untouched
+        && matches!(previous, Content::Record(r)
+        if r.inode == Some(ino) && r.device == Some(dev) && r.split_checked == Some(true)
+            && r.lease_path.as_deref().map(Path::new) == Some(lease_path))
 }
 
 /// What `statx` says of an open lease file.
@@ -42,6 +56,10 @@ pub(crate) struct FileStat {
     /// time differs from its birth time); `None` when the filesystem keeps
     /// no birth time.
     pub written: Option<bool>,
+    /// Whether nothing happened to the inode since its content was last
+    /// written (no rename, link, chmod: status-change time = modification
+    /// time).
+    pub untouched: bool,
 }
 
 /// `fstat` plus the file's age, in the one system call `statx` makes.
@@ -64,6 +82,8 @@ pub(crate) fn stat_with_age(fd: BorrowedFd<'_>) -> std::io::Result<FileStat> {
     let written = has_btime.then(|| {
         (x.stx_mtime.tv_sec, x.stx_mtime.tv_nsec) != (x.stx_btime.tv_sec, x.stx_btime.tv_nsec)
     });
+    let untouched =
+        (x.stx_ctime.tv_sec, x.stx_ctime.tv_nsec) == (x.stx_mtime.tv_sec, x.stx_mtime.tv_nsec);
     Ok(FileStat {
         st_mode: u32::from(x.stx_mode),
         st_dev: rustix::fs::makedev(x.stx_dev_major, x.stx_dev_minor),
@@ -74,6 +94,7 @@ pub(crate) fn stat_with_age(fd: BorrowedFd<'_>) -> std::io::Result<FileStat> {
         st_gid: x.stx_gid,
         age,
         written,
+        untouched,
     })
 }
 

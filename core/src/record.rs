@@ -69,6 +69,11 @@ pub struct Record {
     pub dir_inode: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub file_name: Option<String>,
+    /// The lease file's path as the holder spelled it (absolute), when a
+    /// symlink on the way made it differ from `lease_path`: the path a
+    /// service opens is what the lease protects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spelled_path: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub released_at: Option<String>,
 }
@@ -141,6 +146,7 @@ impl Record {
             dir_device: None,
             dir_inode: None,
             file_name: None,
+            spelled_path: None,
             released_at: None,
         })
     }
@@ -177,14 +183,17 @@ impl Record {
 
 impl Record {
     /// Does this record belong to the lease file named `name` in directory
-    /// `dir` (device, inode), or to `lease_path`? Either is enough: the
+    /// `dir` (device, inode), or to one of `paths` (the lease file's
+    /// canonical path and the path as spelled)? Either is enough: the
     /// directory's identity survives a bind mount or a rename of the
-    /// directory's path, the canonical path survives the directory being
-    /// renamed away, replaced, re-created or mounted over.
-    pub fn names_lease(&self, dir: (u64, u64), name: &str, lease_path: &str) -> bool {
+    /// directory's path, a path survives the directory being renamed away,
+    /// replaced (by another directory or a symlink), re-created or mounted
+    /// over.
+    pub fn names_lease(&self, dir: (u64, u64), name: &str, paths: &[&str]) -> bool {
         let by_dir = matches!((self.dir_device, self.dir_inode, &self.file_name),
             (Some(d), Some(i), Some(n)) if (d, i) == dir && n == name);
-        by_dir || self.lease_path.as_deref() == Some(lease_path)
+        let named = |p: &Option<String>| p.as_deref().is_some_and(|p| paths.contains(&p));
+        by_dir || named(&self.lease_path) || named(&self.spelled_path)
     }
 }
 
@@ -492,21 +501,40 @@ mod tests {
             ..Default::default()
         };
         // The directory's identity (a bind mount, a renamed path)...
-        assert!(r.names_lease((1, 2), "app.db.backend-lease", "/srv/app.db.backend-lease"));
+        assert!(r.names_lease(
+            (1, 2),
+            "app.db.backend-lease",
+            &["/srv/app.db.backend-lease"]
+        ));
         // ...or the path (the directory renamed away, replaced, re-created
         // or mounted over: another directory at the same path).
-        assert!(r.names_lease((1, 3), "app.db.backend-lease", "/elsewhere"));
-        assert!(!r.names_lease((1, 3), "app.db.backend-lease", "/srv/app.db.backend-lease"));
+        assert!(r.names_lease((1, 3), "app.db.backend-lease", &["/elsewhere"]));
+        assert!(!r.names_lease(
+            (1, 3),
+            "app.db.backend-lease",
+            &["/srv/app.db.backend-lease"]
+        ));
         assert!(!r.names_lease(
             (1, 2),
             "other.db.backend-lease",
-            "/srv/other.db.backend-lease"
+            &["/srv/other.db.backend-lease"]
+        ));
+        // The path as a holder spelled it through a symlink since replaced.
+        let spelled = Record {
+            lease_path: Some("/srv/r1/db.backend-lease".into()),
+            spelled_path: Some("/srv/current/db.backend-lease".into()),
+            ..Default::default()
+        };
+        assert!(spelled.names_lease(
+            (9, 9),
+            "db.backend-lease",
+            &["/srv/r2/db.backend-lease", "/srv/current/db.backend-lease"]
         ));
         let old = Record {
             lease_path: Some("/srv/x".into()),
             ..Default::default()
         };
-        assert!(old.names_lease((0, 0), "", "/srv/x"));
+        assert!(old.names_lease((0, 0), "", &["/srv/x"]));
     }
 
     #[test]

@@ -134,6 +134,13 @@ def _inotify_count(pid: int) -> int:
     return n
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(") ", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _in_user_ns(limits: str) -> List[str]:
     """Run the agent in a user namespace of its own (root mapped to root),
     where `limits` (shell) sets that namespace's inotify limits only."""
@@ -166,6 +173,11 @@ def inotify_spent(soak: bool) -> str:
             assert got.get("ok"), f"{rt}: {got}"
             h = got["handle"]
             assert _inotify_count(holder.pid) == 0, f"{rt}: the setup left it an inotify instance"
+            # Looking at the path every 100 ms costs next to nothing.
+            cpu0 = _cpu_seconds(holder.pid)
+            time.sleep(1.5)
+            idle_cpu = _cpu_seconds(holder.pid) - cpu0
+            assert idle_cpu < 0.1, f"{rt}: {idle_cpu:.2f} s of CPU in 1.5 s idle without inotify"
             for _ in range(trials):
                 t0 = _warm()
                 os.unlink(lease)
@@ -246,6 +258,61 @@ def _delete_every(lease: str, period: float, seconds: float) -> int:
             pass
         time.sleep(period)
     return n
+
+
+def _swap_every(sub: str, how: str, period: float, seconds: float) -> int:
+    """Rename the lease's directory away and put a new one (or a symlink to
+    a new one) in its place, again and again."""
+    n = 0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        os.rename(sub, f"{sub}.old-{n}")
+        if how == "symlink":
+            os.mkdir(f"{sub}.new-{n}")
+            os.symlink(f"{sub}.new-{n}", sub)
+        else:
+            os.mkdir(sub)
+        n += 1
+        time.sleep(period)
+    return n
+
+
+def crowds_and_directories(soak: bool) -> str:
+    """Contenders attempting without pause while the lease's directory is
+    renamed away and replaced — by a new directory, or by a symlink to one —
+    every 50 ms: no contender ever wins while the holder lives, and the
+    holder is never told it lost."""
+    seconds = 6.0 if soak else 2.0
+    out = []
+    for rt in ("rust", "python", "node"):
+        for how in ("mkdir", "symlink"):
+            d = tempfile.mkdtemp(prefix="sidelease-crowd-dirs-")
+            sub = os.path.join(d, "d")
+            os.mkdir(sub)
+            db = os.path.join(sub, "app.db")
+            owner = os.path.join(d, "owner")
+            with open(owner, "w") as f:
+                f.write("-")
+            holder = Agent(rt, f"holder-{rt}")
+            crowd: List[Agent] = []
+            try:
+                got = holder.call({"cmd": "acquire", "target": db})
+                assert got.get("ok"), f"{rt}: {got}"
+                crowd = _spinners(20, db, owner, seconds + 0.5)
+                time.sleep(0.3)
+                swaps = _swap_every(sub, how, 0.05, seconds)
+                c = _collect(crowd, seconds)
+                st = holder.call({"cmd": "state", "handle": got["handle"]})
+                assert st.get("state") == "held", f"{rt} {how}, {swaps} swaps: {st}"
+                assert c["won"] == 0, f"{rt} {how}, {swaps} swaps: a contender won: {c}"
+                _whole(holder, got["handle"], f"{rt} {how}")
+                out.append(f"{rt}/{how}: {swaps} swaps, {c['refused']} refused")
+            finally:
+                holder.close()
+                for a in crowd:
+                    a.close()
+                shutil.rmtree(d, ignore_errors=True)
+    return "0 won, 0 told lost; " + "; ".join(out)
 
 
 def crowds(soak: bool) -> str:
@@ -391,5 +458,6 @@ CHECKS = [
     ("directory swaps", directory_swaps),
     ("inotify spent", inotify_spent),
     ("crowds", crowds),
+    ("crowds and directories", crowds_and_directories),
     ("tampered, then crashed", tampered_then_crashed),
 ]

@@ -59,6 +59,8 @@ def file_op(op: str, path: str, to: str) -> Optional[int]:
     elif op == "symlink":
         open(path, "a").close()
         os.symlink(path, to)
+    elif op == "rename_over":  # another file (`to`: where from) renamed over the lease file
+        os.rename(to, path)
     else:
         raise ValueError(op)
     return None
@@ -84,12 +86,45 @@ def dir_op(op: str, path: str) -> Optional[Callable[[], None]]:
                 if e.errno != errno.ENOTEMPTY:
                     raise
         os.mkdir(path)
+    elif op == "swap_symlink":  # mv dir dir.moved-N; ln -s dir.target-N dir
+        n = 0
+        while os.path.lexists(f"{path}.target-{n}"):
+            n += 1
+        os.mkdir(f"{path}.target-{n}")
+        os.rename(path, f"{path}.moved-{n}")
+        os.symlink(f"{path}.target-{n}", path)
+    elif op == "make_current":  # a release directory and `current` pointing at it
+        os.mkdir(os.path.join(path, "r1"))
+        os.symlink(os.path.join(path, "r1"), os.path.join(path, "current"))
+    elif op == "flip_current":  # a deploy: current -> r2, atomically (ln -sfn r2 tmp; mv -T tmp current)
+        os.mkdir(os.path.join(path, "r2"))
+        os.symlink(os.path.join(path, "r2"), os.path.join(path, "current.tmp"))
+        os.rename(os.path.join(path, "current.tmp"), os.path.join(path, "current"))
     elif op == "mount_tmpfs":  # mount -t tmpfs tmpfs dir
         subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", path], check=True)
         return lambda: subprocess.run(["umount", "-l", path], check=False)
     else:
         raise ValueError(op)
     return None
+
+
+def pause(pid: int) -> None:
+    """SIGSTOP a process and wait until every thread of it is stopped."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 5
+    while True:
+        states = []
+        for t in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{t}/stat") as f:
+                    states.append(f.read().rsplit(") ", 1)[1][0])
+            except OSError:
+                pass
+        if states and all(s == "T" for s in states):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"pid {pid} did not stop")
+        time.sleep(0.001)
 
 
 def _prepare(d: str) -> Tuple[str, str, str]:

@@ -33,26 +33,35 @@ pub(super) const CHAIN: WatchFlags = WatchFlags::MOVE_SELF
     .union(WatchFlags::ONLYDIR)
     .union(WatchFlags::DONT_FOLLOW);
 
+/// A symlink on a lease path is watched as itself: renamed, replaced or
+/// removed (a renamed-over link gets `IN_ATTRIB` as its link count falls).
+const LINK: WatchFlags = WatchFlags::MOVE_SELF
+    .union(WatchFlags::DELETE_SELF)
+    .union(WatchFlags::ATTRIB)
+    .union(WatchFlags::DONT_FOLLOW);
+
 /// And, while a lease file cannot be put back, its deepest existing
 /// directory for this too.
 const CREATING: WatchFlags = WatchFlags::CREATE
     .union(WatchFlags::MOVED_TO)
     .union(WatchFlags::ATTRIB);
 
-/// One watched directory.
+/// One watched directory (or symlink on a lease path).
 pub(super) struct Dir {
     pub path: PathBuf,
     /// Also watched for entries appearing (see [`CREATING`]).
     pub creating: bool,
+    /// A symlink, watched as itself.
+    pub link: bool,
 }
 
 #[derive(Default)]
 pub(super) struct Dirs {
     /// By watch descriptor.
     pub by_wd: HashMap<i32, Dir>,
-    /// A lease directory (device, inode) whose whole chain is watched: the
-    /// watch descriptors of its chain.
-    pub chains: HashMap<Key, Vec<i32>>,
+    /// A lease directory's path, whose whole chain is watched: the
+    /// directory it led to (device, inode) and the watch descriptors.
+    pub chains: HashMap<PathBuf, (Key, Vec<i32>)>,
 }
 
 /// What a directory's event means.
@@ -67,15 +76,15 @@ pub(super) enum Heard {
 }
 
 impl Dirs {
-    pub fn is_chained(&self, dir: Key) -> bool {
-        self.chains.contains_key(&dir)
+    pub fn is_chained(&self, dir_path: &Path, dir: Key) -> bool {
+        self.chains.get(dir_path).is_some_and(|(k, _)| *k == dir)
     }
 
     /// Forget a directory watch (the kernel dropped it, or it is no longer
     /// on the path it was added for) and every chain through it.
     fn drop_wd(&mut self, wd: i32) {
         self.by_wd.remove(&wd);
-        self.chains.retain(|_, wds| !wds.contains(&wd));
+        self.chains.retain(|_, (_, wds)| !wds.contains(&wd));
     }
 
     pub fn heard(&mut self, inotify: BorrowedFd<'_>, wd: i32, flags: inotify::ReadFlags) -> Heard {
@@ -87,7 +96,9 @@ impl Dirs {
             self.drop_wd(wd);
             return Heard::PathChanged;
         }
-        if flags.intersects(R::MOVE_SELF | R::DELETE_SELF | R::UNMOUNT) {
+        if flags.intersects(R::MOVE_SELF | R::DELETE_SELF | R::UNMOUNT)
+            || (dir.link && flags.contains(R::ATTRIB))
+        {
             // The watch stays on the inode, which is no longer where the
             // path goes: let it go; the chain is made again by path.
             let _ = inotify::remove_watch(inotify, wd);
@@ -100,29 +111,48 @@ impl Dirs {
         Heard::Nothing
     }
 
-    /// Watch every directory of the path to `dir_path`, whose identity is
-    /// `dir`. `Ok(true)`: watched (or nothing to watch: the directory is
-    /// gone, which the lease's own check handles); `Ok(false)`: the
-    /// directory is not the one the lease was put in any more (look at the
-    /// lease again); `Err`: the kernel refused a watch (the user's watch
-    /// limit): the lease must be polled.
+    /// Watch every directory of the path to `dir_path`, which leads to the
+    /// directory `dir`: each component as spelled (a symlink as itself),
+    /// and, when a symlink is on the way, each directory of the path it
+    /// leads to. `Ok(true)`: watched; `Ok(false)`: the path does not lead
+    /// to that directory any more (look at the lease again); `Err`: the
+    /// kernel refused a watch (the user's watch limit): the lease must be
+    /// polled.
     pub fn chain(
         &mut self,
         inotify: BorrowedFd<'_>,
         dir_path: &Path,
         dir: Key,
     ) -> Result<bool, Errno> {
-        if self.chains.contains_key(&dir) {
+        if self.is_chained(dir_path, dir) {
             return Ok(true);
         }
+        let mut paths: Vec<PathBuf> = ancestors(dir_path)
+            .into_iter()
+            .map(Path::to_path_buf)
+            .collect();
+        if let Ok(real) = std::fs::canonicalize(dir_path) {
+            if real != dir_path {
+                for p in ancestors(&real) {
+                    if !paths.iter().any(|q| q == p) {
+                        paths.push(p.to_path_buf());
+                    }
+                }
+            }
+        }
         let mut wds = Vec::new();
-        for d in ancestors(dir_path) {
-            match inotify::add_watch(inotify, d, CHAIN | WatchFlags::MASK_ADD) {
+        for d in &paths {
+            let link = rustix::fs::lstat(d.as_path())
+                .is_ok_and(|st| rustix::fs::FileType::from_raw_mode(st.st_mode).is_symlink());
+            let mask = if link { LINK } else { CHAIN };
+            match inotify::add_watch(inotify, d.as_path(), mask | WatchFlags::MASK_ADD) {
                 Ok(wd) => {
-                    self.by_wd.entry(wd).or_insert_with(|| Dir {
-                        path: d.to_path_buf(),
+                    let entry = self.by_wd.entry(wd).or_insert_with(|| Dir {
+                        path: d.clone(),
                         creating: false,
+                        link,
                     });
+                    entry.link |= link;
                     wds.push(wd);
                 }
                 // The path changed under us: the lease's check says how.
@@ -130,11 +160,12 @@ impl Dirs {
                 Err(e) => return Err(e),
             }
         }
-        // Watched from here on; was it still the same directory once the
-        // watches were in place? If not, a change came before them.
+        // Watched from here on; did the path still lead to the same
+        // directory once the watches were in place? If not, a change came
+        // before them.
         match rustix::fs::stat(dir_path) {
             Ok(st) if (st.st_dev, st.st_ino) == dir => {
-                self.chains.insert(dir, wds);
+                self.chains.insert(dir_path.to_path_buf(), (dir, wds));
                 Ok(true)
             }
             _ => Ok(false),
@@ -172,6 +203,7 @@ impl Dirs {
                 let d = self.by_wd.entry(wd).or_insert_with(|| Dir {
                     path: p.clone(),
                     creating: false,
+                    link: false,
                 });
                 d.creating = true;
                 added = true;

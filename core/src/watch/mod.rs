@@ -538,6 +538,12 @@ impl Watcher {
     /// another try at watching the leases that are polled.
     fn upkeep(&self, now: Instant) {
         let Some(inotify) = self.state().inotify.as_ref().map(|f| f.as_raw_fd()) else {
+            // Nothing can be watched: the leases are polled, and their
+            // chains are asked for again once an instance can be had.
+            let mut st = self.state();
+            st.new_dirs.clear();
+            st.chains_wanted = false;
+            drop(st);
             self.upgrade(now);
             return;
         };
@@ -557,18 +563,20 @@ impl Watcher {
                 if !matches!(s.state().phase, Phase::Held) {
                     continue;
                 }
-                let dir_path = crate::path::parent_of(&s.lease_path);
-                let Ok(st) = rustix::fs::stat(dir_path) else {
-                    continue; // gone: the lease's own check handles that
-                };
-                let r = self
-                    .state()
-                    .dirs
-                    .chain(inotify, dir_path, (st.st_dev, st.st_ino));
-                match r {
-                    Ok(true) => {}
-                    Ok(false) => self.state().asked.push(Arc::downgrade(&s)),
-                    Err(_) => self.poll_instead(&s),
+                for path in s.paths() {
+                    let dir_path = crate::path::parent_of(path);
+                    let Ok(st) = rustix::fs::stat(dir_path) else {
+                        continue; // gone: the lease's own check handles that
+                    };
+                    let r = self
+                        .state()
+                        .dirs
+                        .chain(inotify, dir_path, (st.st_dev, st.st_ino));
+                    match r {
+                        Ok(true) => {}
+                        Ok(false) => self.state().asked.push(Arc::downgrade(&s)),
+                        Err(_) => self.poll_instead(&s),
+                    }
                 }
             }
         }
@@ -728,14 +736,20 @@ pub(crate) fn attach(t: Ticket, shared: &Arc<Shared>) {
         if wake {
             st.asked.push(Arc::downgrade(shared));
         }
-        // The directories of a path not watched yet: once per directory.
+        // The directories of a path not watched yet: once per directory
+        // (both paths of a lease spelled through a symlink).
         match dir {
-            Some(d) if st.dirs.is_chained(d) => {}
-            Some(d) if st.new_dirs.iter().any(|(_, k)| *k == d) => {}
             Some(d) => {
-                let p = crate::path::parent_of(&shared.lease_path).to_path_buf();
-                st.new_dirs.push((p, d));
-                wake = true;
+                for path in shared.paths() {
+                    let p = crate::path::parent_of(path);
+                    if st.dirs.is_chained(p, d)
+                        || st.new_dirs.iter().any(|(q, k)| *k == d && q == p)
+                    {
+                        continue;
+                    }
+                    st.new_dirs.push((p.to_path_buf(), d));
+                    wake = true;
+                }
             }
             None => {
                 st.chains_wanted = true;

@@ -727,13 +727,16 @@ fn unwritable_existing_lease_file_is_locked_read_only() {
         json!([a.pid]),
         "the kernel, not the stale record, names the holder"
     );
+    // The message leads with the kernel's holder and says what the record
+    // left in the file is: not the holder's (it wrote none).
     assert!(
-        e["message"]
-            .as_str()
-            .unwrap()
-            .contains(&format!("the kernel reports pid {}", a.pid)),
+        e["message"].as_str().unwrap().contains(&format!(
+            "is leased by pid {} (the lease file's record is of pid {}",
+            a.pid, root.pid
+        )),
         "{e}"
     );
+    assert_eq!(e["holder"], json!(null), "{e}");
     let i = b.inspect(&db);
     assert_eq!(i["state"], "held");
     assert_eq!(i["holders"], json!([a.pid]));
