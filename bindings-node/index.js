@@ -175,8 +175,9 @@ function nativeOptions(options) {
 }
 
 // A lease handle: a plain object with the native handle's number. release()
-// frees the native state at once; the fields read while the lease was held
-// stay readable after it (they are cached here), others then throw.
+// frees the native state at once and answers what the acquisition learned
+// (one JSON text, parsed only if a field is read after release), so every
+// field reads the same before and after release, whatever was read before.
 const NEW_LEASE = Symbol('sidelease.newLease');
 const { isMainThread } = require('node:worker_threads');
 // This environment's number: a worker's handles are released, and its
@@ -187,17 +188,16 @@ function lostError(message, reason, leasePath) {
   return new SideleaseError(message, { code: 'SIDELEASE_LOST', reason, leasePath });
 }
 
-function releasedError(field) {
-  return new SideleaseError(
-    `invalid argument \`lease\`: this lease handle was released, which frees what it knew; read lease.${field} before release()`,
-    { code: 'SIDELEASE_INVALID_ARGUMENT', argument: 'lease' },
-  );
-}
+// Fields the native side answers as JSON text (record, previous): their
+// getters parse it, so every read gives a fresh object.
+const JSON_FIELDS = new Set(['record', 'previous']);
 
 class Lease {
   #id;
   #released = false;
   #cache = null;
+  // After release: what the acquisition learned, as JSON text, then parsed.
+  #facts = null;
   #signal = null;
 
   /** Not constructible: a lease comes from acquire() or acquireAsync(). */
@@ -211,23 +211,41 @@ class Lease {
     this.#id = id;
   }
 
-  // A field that does not change while the lease is held, cached on first read.
+  // A field that never changes (what the acquisition learned), cached on
+  // first read; after release, from what release() answered.
   #field(name, get) {
     const c = this.#cache;
     if (c !== null && name in c) return c[name];
-    if (this.#released) throw releasedError(name);
+    if (this.#released) return this.#known(name);
     const v = call(get, this.#id);
     (this.#cache ??= {})[name] = v;
     return v;
+  }
+
+  #known(name) {
+    if (this.#facts === null) {
+      // Released elsewhere (its worker's environment was torn down).
+      throw new SideleaseError(`invalid argument \`lease\`: this lease handle was released with its environment; lease.${name} is not known`, {
+        code: 'SIDELEASE_INVALID_ARGUMENT',
+        argument: 'lease',
+      });
+    }
+    if (typeof this.#facts === 'string') this.#facts = JSON.parse(this.#facts);
+    const v = this.#facts[name];
+    return JSON_FIELDS.has(name) ? JSON.stringify(v) : v;
   }
 
   /** Release this handle's share; a second call does nothing. */
   release() {
     if (this.#released) return;
     try {
-      call(native.release, this.#id);
+      this.#facts = native.release(this.#id);
+    } catch (err) {
+      // A failed release still ends the handle (the core marks it first),
+      // and what it learned stays readable.
+      this.#facts = native.takeFacts(this.#id);
+      throw fromNative(err);
     } finally {
-      // A failed release still ends the handle (the core marks it first).
       this.#released = true;
     }
   }
@@ -325,7 +343,12 @@ class Lease {
   }
 
   [Symbol.for('nodejs.util.inspect.custom')]() {
-    const target = this.#cache?.target ?? (this.#released ? '?' : this.target);
+    let target;
+    try {
+      target = this.target;
+    } catch {
+      target = '?';
+    }
     return `Lease { target: '${target}', ${this.#released ? 'released' : 'held'} }`;
   }
 }

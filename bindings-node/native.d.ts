@@ -68,7 +68,10 @@ export interface NativeOptions {
  */
 export declare function onLost(handle: number, callback: (arg: string) => void): void
 
-/** The previous holder's record as JSON text ("null" if none). */
+/**
+ * The previous holder's record as JSON text, as it wrote it ("null" if
+ * none).
+ */
 export declare function previousJson(handle: number): string
 
 /**
@@ -82,8 +85,14 @@ export declare function recordJson(handle: number): string
 
 export declare function recordWritten(handle: number): boolean
 
-/** Release a handle and free it. A second call does nothing. */
-export declare function release(handle: number): void
+/**
+ * Release a handle and free it; answers what the acquisition learned (a
+ * JSON object: leasePath, target, generation, previousReleasedCleanly,
+ * recordWritten, record, previous), which index.js keeps so its getters
+ * answer after release as before. A second call answers null. When the
+ * release itself fails, `takeFacts` has them.
+ */
+export declare function release(handle: number): string | null
 
 /**
  * Name the runtime once ("node 20.20.2", "bun 1.4.5"), so calls without
@@ -93,5 +102,8 @@ export declare function setRuntime(runtime: string): void
 
 /** 'held' or 'lost' (index.js knows a released handle itself). */
 export declare function state(handle: number): string
+
+/** What a handle whose release failed had learned (once). */
+export declare function takeFacts(handle: number): string | null
 
 export declare function target(handle: number): string

@@ -164,11 +164,11 @@ pub unsafe extern "C" fn sidelease_lease_record_json(
     lease: *const sidelease_lease,
     out: *mut *mut c_char,
 ) -> sidelease_status {
-    string_field(lease, out, |l| l.record().to_json().into_bytes())
+    string_field(lease, out, |l| l.record_json().as_bytes().to_vec())
 }
 
-/// The record the previous holder left, as JSON ("null" when the file was
-/// new or the record unreadable). `*out` is freed with
+/// The record the previous holder left, as JSON, as it wrote it ("null"
+/// when the file was new or the record unreadable). `*out` is freed with
 /// sidelease_string_free().
 ///
 /// Returns SIDELEASE_OK or SIDELEASE_ERR_NULL_ARGUMENT.
@@ -178,8 +178,8 @@ pub unsafe extern "C" fn sidelease_lease_previous_json(
     out: *mut *mut c_char,
 ) -> sidelease_status {
     string_field(lease, out, |l| {
-        l.previous()
-            .map(|r| r.to_json())
+        l.previous_json()
+            .map(|j| j.into_owned())
             .unwrap_or_else(|| "null".into())
             .into_bytes()
     })

@@ -20,6 +20,8 @@ use crate::wait::CancelState;
 
 #[derive(Default)]
 struct Table {
+    /// The facts of handles whose release failed, until index.js takes them.
+    facts: HashMap<u64, String>,
     next: u64,
     leases: HashMap<u64, (u32, Arc<sidelease::Lease>)>,
     next_env: u32,
@@ -88,6 +90,14 @@ pub fn insert(env: u32, lease: sidelease::Lease) -> std::result::Result<u64, sid
         t.leases.insert(id, (env, Arc::new(lease)));
         Ok(id)
     })
+}
+
+pub fn keep_facts(id: u64, facts: String) {
+    with(|t| t.facts.insert(id, facts));
+}
+
+pub fn facts_of_failed(id: u64) -> Option<String> {
+    with(|t| t.facts.remove(&id))
 }
 
 /// Take a handle out (on release).

@@ -3,6 +3,7 @@
 use napi::bindgen_prelude::Function;
 use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
 use napi::Status;
+use napi::{Env, JsString};
 use napi_derive::napi;
 
 /// Weak (never keeps the loop alive), called with the message only.
@@ -98,13 +99,91 @@ fn id(n: f64) -> u64 {
     n as u64
 }
 
-/// Release a handle and free it. A second call does nothing.
+/// Release a handle and free it; answers what the acquisition learned (a
+/// JSON object: leasePath, target, generation, previousReleasedCleanly,
+/// recordWritten, record, previous), which index.js keeps so its getters
+/// answer after release as before. A second call answers null. When the
+/// release itself fails, `takeFacts` has them.
 #[napi]
-pub fn release(handle: f64) -> Result<()> {
-    match handles::remove(id(handle)) {
-        Some(lease) => lease.release().js(),
-        None => Ok(()),
+pub fn release(env: &Env, handle: f64) -> Result<Option<JsString<'_>>> {
+    let Some(lease) = handles::remove(id(handle)) else {
+        return Ok(None);
+    };
+    let facts = facts(&lease);
+    match lease.release().js() {
+        Ok(()) => text(env, &facts).map(Some),
+        Err(e) => {
+            handles::keep_facts(id(handle), facts);
+            Err(e)
+        }
     }
+}
+
+/// A JS string of `s`. ASCII (the common case: JSON escapes what is not)
+/// is made as Latin-1, which the engine copies as it is instead of
+/// decoding it as UTF-8.
+fn text<'env>(env: &'env Env, s: &str) -> Result<JsString<'env>> {
+    let made = if s.is_ascii() {
+        env.create_string_latin1(s.as_bytes())
+    } else {
+        env.create_string(s)
+    };
+    made.map_err(|e| invalid("lease", &e.to_string()))
+}
+
+/// What a handle whose release failed had learned (once).
+#[napi]
+pub fn take_facts(handle: f64) -> Option<String> {
+    handles::facts_of_failed(id(handle))
+}
+
+/// The immutable fields of a lease, as one JSON object (the record and the
+/// previous record are JSON already, and are copied in as they are).
+fn facts(l: &sidelease::Lease) -> String {
+    // As the getters give them: UTF-8, or lossy where a path is not.
+    let s = |p: &std::path::Path| {
+        let text = match p.to_str() {
+            Some(t) => std::borrow::Cow::Borrowed(t),
+            None => p.to_string_lossy(),
+        };
+        serde_json::to_string(&*text).unwrap_or_else(|_| "null".into())
+    };
+    let lease_path = s(l.lease_path());
+    let target = s(l.target());
+    let previous = l.previous_json();
+    let record = l.record_json();
+    let mut out = String::with_capacity(
+        lease_path.len()
+            + target.len()
+            + record.len()
+            + previous.as_ref().map_or(4, |p| p.len())
+            + 160,
+    );
+    out.push_str("{\"leasePath\":");
+    out.push_str(&lease_path);
+    out.push_str(",\"target\":");
+    out.push_str(&target);
+    out.push_str(",\"generation\":");
+    match l.generation() {
+        // JSON.parse reads it as the same number the getter gives (`g as
+        // f64`: both round to the nearest double).
+        Some(g) => out.push_str(&g.to_string()),
+        None => out.push_str("null"),
+    }
+    out.push_str(",\"previousReleasedCleanly\":");
+    out.push_str(match l.previous_released_cleanly() {
+        Some(true) => "true",
+        Some(false) => "false",
+        None => "null",
+    });
+    out.push_str(",\"recordWritten\":");
+    out.push_str(if l.record_written() { "true" } else { "false" });
+    out.push_str(",\"record\":");
+    out.push_str(record);
+    out.push_str(",\"previous\":");
+    out.push_str(previous.as_deref().unwrap_or("null"));
+    out.push('}');
+    out
 }
 
 /// 'held', 'unlinked' or 'replaced'.
@@ -130,15 +209,16 @@ pub fn target(handle: f64) -> Result<String> {
 /// The record this acquisition wrote, as JSON text.
 #[napi]
 pub fn record_json(handle: f64) -> Result<String> {
-    handles::get(id(handle), |l| Ok(l.record().to_json()))
+    handles::get(id(handle), |l| Ok(l.record_json().to_string()))
 }
 
-/// The previous holder's record as JSON text ("null" if none).
+/// The previous holder's record as JSON text, as it wrote it ("null" if
+/// none).
 #[napi]
 pub fn previous_json(handle: f64) -> Result<String> {
     handles::get(id(handle), |l| {
-        Ok(l.previous()
-            .map(|r| r.to_json())
+        Ok(l.previous_json()
+            .map(|j| j.into_owned())
             .unwrap_or_else(|| "null".into()))
     })
 }

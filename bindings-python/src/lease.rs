@@ -168,14 +168,14 @@ impl Lease {
 
     #[getter]
     fn record<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        json::loads(py, &self.inner.record().to_json())
+        json::loads(py, self.inner.record_json())
     }
 
     #[getter]
     fn previous<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
         self.inner
-            .previous()
-            .map(|r| json::loads(py, &r.to_json()))
+            .previous_json()
+            .map(|j| json::loads(py, &j))
             .transpose()
     }
 

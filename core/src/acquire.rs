@@ -674,12 +674,16 @@ impl FilePending {
         let key = of.key;
         let access = of.access;
         let emptied = matches!(previous, Content::Empty) && !new_file;
+        // The previous record as it was written (it parsed, so it is JSON).
+        let previous_json =
+            matches!(previous, Content::Record(_)).then(|| record::utf8(bytes.trim_ascii()));
         let (anchor, canon) = of.into_anchor(line, len);
         let shared = Arc::new(Shared::new(SharedInit {
             target: path::target_of(&canon, &self.opts.suffix),
             lease_path: canon,
             record: rec,
             previous,
+            previous_json,
             emptied,
             spelled: self.spelled.lease.clone(),
             watched: self.opts.watch,

@@ -71,7 +71,12 @@ pub(crate) struct Shared {
     pub lease_path: PathBuf,
     /// What this acquisition wrote (or would have, on a read-only file).
     pub record: Record,
+    /// The same as JSON, as written (one line, no newline).
+    pub record_json: String,
     pub previous: Content,
+    /// The previous record as the lease file held it (trimmed JSON), when
+    /// it was one.
+    pub previous_json: Option<String>,
     /// The lease file was empty but had been written since it was created
     /// (or the filesystem could not tell): nothing says how the last holder
     /// ended.
@@ -107,6 +112,7 @@ pub(crate) struct SharedInit {
     pub lease_path: PathBuf,
     pub record: Record,
     pub previous: Content,
+    pub previous_json: Option<String>,
     pub emptied: bool,
     pub spelled: PathBuf,
     pub watched: bool,
@@ -117,7 +123,10 @@ pub(crate) struct SharedInit {
 impl Shared {
     pub(crate) fn new(init: SharedInit) -> Shared {
         let writable = init.anchor.writable;
+        // The line written (or that would have been) is the record's JSON.
+        let json = crate::record::utf8(init.anchor.line.trim_ascii_end());
         let mut s = Shared::build(
+            json,
             init.target,
             init.lease_path,
             (init.record, init.previous),
@@ -129,6 +138,7 @@ impl Shared {
         s.emptied = init.emptied;
         s.watched = init.watched;
         s.spelled = init.spelled;
+        s.previous_json = init.previous_json;
         s
     }
 
@@ -147,6 +157,7 @@ impl Shared {
         };
         let target = shown.clone();
         Shared::build(
+            record.to_json(),
             target,
             shown,
             (record, previous),
@@ -158,6 +169,7 @@ impl Shared {
     }
 
     fn build(
+        record_json: String,
         target: PathBuf,
         lease_path: PathBuf,
         (record, previous): (Record, Content),
@@ -172,7 +184,9 @@ impl Shared {
             spelled: lease_path.clone(),
             lease_path,
             record,
+            record_json,
             previous,
+            previous_json: None,
             emptied: false,
             writable,
             watched: false,
@@ -583,6 +597,22 @@ impl Lease {
     /// The record found in the lease file before this acquisition.
     pub fn previous(&self) -> Option<&Record> {
         self.shared.previous.record()
+    }
+
+    /// [`Lease::record`] as JSON (what the lease file holds).
+    pub fn record_json(&self) -> &str {
+        &self.shared.record_json
+    }
+
+    /// [`Lease::previous`] as JSON: the record as the previous holder wrote
+    /// it (every field it has), or `None`.
+    pub fn previous_json(&self) -> Option<std::borrow::Cow<'_, str>> {
+        match &self.shared.previous_json {
+            Some(j) => Some(std::borrow::Cow::Borrowed(j)),
+            None => self
+                .previous()
+                .map(|r| std::borrow::Cow::Owned(r.to_json())),
+        }
     }
 
     /// What the lease file held before: empty, a record, or unreadable.

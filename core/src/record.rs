@@ -197,6 +197,15 @@ impl Record {
     }
 }
 
+/// JSON bytes (already parsed or written by serde, so UTF-8) as a string:
+/// the fast check, not the lossy one (which walks byte by byte).
+pub(crate) fn utf8(bytes: &[u8]) -> String {
+    match std::str::from_utf8(bytes) {
+        Ok(s) => s.to_owned(),
+        Err(_) => String::from_utf8_lossy(bytes).into_owned(),
+    }
+}
+
 /// `line` padded with spaces (before its newline) to at least `len` bytes,
 /// so an in-place rewrite over a longer record needs no `ftruncate`: JSON
 /// allows the whitespace, and the whole file still parses as one object.
