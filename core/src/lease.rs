@@ -126,10 +126,9 @@ impl Shared {
         // The line written (or that would have been) is the record's JSON.
         let json = crate::record::utf8(init.anchor.line.trim_ascii_end());
         let mut s = Shared::build(
-            json,
             init.target,
             init.lease_path,
-            (init.record, init.previous),
+            (init.record, json, init.previous),
             writable,
             init.access,
             vec![init.anchor],
@@ -156,11 +155,11 @@ impl Shared {
             owner: None,
         };
         let target = shown.clone();
+        let json = record.to_json();
         Shared::build(
-            record.to_json(),
             target,
             shown,
-            (record, previous),
+            (record, json, previous),
             true,
             access,
             Vec::new(),
@@ -169,10 +168,9 @@ impl Shared {
     }
 
     fn build(
-        record_json: String,
         target: PathBuf,
         lease_path: PathBuf,
-        (record, previous): (Record, Content),
+        (record, record_json, previous): (Record, String, Content),
         writable: bool,
         access: Access,
         anchors: Vec<Anchor>,
