@@ -288,8 +288,8 @@ sidelease_status sidelease_lease_path(const sidelease_lease *lease, char **out);
 sidelease_status sidelease_lease_record_json(const sidelease_lease *lease, char **out);
 
 /**
- * The record the previous holder left, as JSON ("null" when the file was
- * new or the record unreadable). `*out` is freed with
+ * The record the previous holder left, as JSON, as it wrote it ("null"
+ * when the file was new or the record unreadable). `*out` is freed with
  * sidelease_string_free().
  *
  * Returns SIDELEASE_OK or SIDELEASE_ERR_NULL_ARGUMENT.
