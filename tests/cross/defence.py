@@ -321,7 +321,7 @@ def crowds(soak: bool) -> str:
     contenders only ever look, so the holder is never told it lost the
     lease, no contender wins while it lives, and `sidelease hold`'s command
     keeps running."""
-    seconds = 10.0 if soak else 3.0
+    seconds = 10.0 if soak else 2.0
     out = []
     d = tempfile.mkdtemp(prefix="sidelease-crowd-")
     try:

@@ -264,8 +264,9 @@ def main() -> int:
     start = time.monotonic()
     for sc in scenarios:
         results = []
-        # A scenario that waits may name the contenders it needs (the
-        # holder's runtime is what it tests): fewer pairs, the same holders.
+        # A scenario may name the contenders it needs (the holder's runtime
+        # is what it tests; every contender runs the same core): fewer
+        # pairs, every holder.
         for holder, contender in [p for p in pairs if p[1] in sc.get("contenders", [p[1]])]:
             status, detail = run_scenario(sc, holder, contender)
             results.append(status)
