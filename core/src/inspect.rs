@@ -155,7 +155,7 @@ struct Found {
 /// Inspect the lease of `target` (only `options.suffix` is used).
 pub fn inspect(target: impl AsRef<Path>, options: &Options) -> Result<Inspection> {
     options.validate()?;
-    if crate::pg::is_target(target.as_ref()) {
+    if crate::pg::classify(target.as_ref())? {
         return crate::pg::inspect(target.as_ref());
     }
     let spelled = path::spell(target.as_ref(), &options.suffix)?;

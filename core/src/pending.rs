@@ -34,7 +34,7 @@ impl Pending {
     /// PostgreSQL URL and start connecting).
     pub fn new(target: &Path, options: &Options) -> Result<Pending> {
         options.validate()?;
-        let inner = if pg::is_target(target) {
+        let inner = if pg::classify(target)? {
             Inner::Pg(pg::attempt(target, options)?)
         } else {
             Inner::File(FilePending::new(target, options)?)

@@ -414,7 +414,40 @@ def pg_mutual_exclusion(soak: bool) -> str:
     return _run_stress(3000 if soak else 1000, 2, tamper=False, target=pg.lease_url("stress"))
 
 
+def pg_first_use(soak: bool) -> str:
+    """Ten processes, two of each runtime, start using a database that has
+    no lease table yet, thirty names each, all at once: every concurrent
+    creation of the table is harmless (issue 22)."""
+    import pg
+    import uuid
+    db = f"race_{uuid.uuid4().hex[:10]}"
+    pg.psql(f"CREATE DATABASE {db} OWNER app")
+    agents: List[Agent] = []
+    try:
+        base = pg.base().rsplit("/", 1)[0] + "/" + db
+        agents = [Agent(rt, f"{rt}-{i}") for i in range(2) for rt in RUNTIMES]
+        failures = []
+        for n in range(30):
+            for a in agents:
+                a.send({"cmd": "acquire", "target": f"{base}?lease=race-{a.role}-{n}"})
+            for a in agents:
+                r = a.recv(30)
+                if not r.get("ok"):
+                    failures.append((a.role, n, r.get("error", {}).get("message")))
+                else:
+                    a.call({"cmd": "release", "handle": r["handle"]})
+        assert not failures, f"{len(failures)} acquisitions failed on first use: {failures[:3]}"
+        rows = pg.psql_db(db, "SELECT count(*) FROM sidelease_leases")
+        assert rows == str(30 * len(agents)), f"{rows} rows"
+        return f"{len(agents)} processes x 30 names on a new database, 0 failed, {rows} rows"
+    finally:
+        for a in agents:
+            a.close()
+        pg.psql(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+
+
 CHECKS: List[Tuple[str, Callable[[bool], str]]] = [
+    ("PostgreSQL first use", pg_first_use),
     ("PostgreSQL mutual exclusion", pg_mutual_exclusion),
     ("mutual exclusion", mutual_exclusion),
     ("crash injection", crash_injection),

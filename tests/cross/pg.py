@@ -9,7 +9,7 @@ import subprocess
 import time
 import uuid
 
-SECRETS = ("app-secret", "WRONGPW")
+SECRETS = ("app-secret", "WRONGPW", "S3KRTw", "HUNTER2")
 
 
 def base() -> str:
@@ -33,9 +33,13 @@ def wrong_password(url: str) -> str:
 
 
 def psql(sql: str) -> str:
+    return psql_db("app", sql)
+
+
+def psql_db(db: str, sql: str) -> str:
     cmd = [os.path.join(os.environ["SIDELEASE_TEST_PG_BIN"], "psql"), "-X", "-q", "-t", "-A",
            "-v", "ON_ERROR_STOP=1", "-h", os.environ["SIDELEASE_TEST_PG_DIR"],
-           "-p", os.environ["SIDELEASE_TEST_PG_PORT"], "-U", "postgres", "-d", "app", "-c", sql]
+           "-p", os.environ["SIDELEASE_TEST_PG_PORT"], "-U", "postgres", "-d", db, "-c", sql]
     if os.geteuid() == 0:
         cmd = ["runuser", "-u", "postgres", "--"] + cmd
     return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip()

@@ -29,16 +29,78 @@ use crate::error::{Error, Result};
 use crate::lease::Shared;
 
 /// Whether a target is spelled as a PostgreSQL lease (`postgresql://` or
-/// `postgres://`).
+/// `postgres://`, the scheme in any case, as libpq takes it).
 pub fn is_target(target: &Path) -> bool {
     use std::os::unix::ffi::OsStrExt;
     let b = target.as_os_str().as_bytes();
-    b.starts_with(b"postgresql://") || b.starts_with(b"postgres://")
+    let starts = |p: &[u8]| b.len() >= p.len() && b[..p.len()].eq_ignore_ascii_case(p);
+    starts(b"postgresql://") || starts(b"postgres://")
 }
 
-/// A PostgreSQL URL cut the way the driver reads it: the credentials run
-/// to the first `@` anywhere (a password with `@`, `/` or `?` in it must be
-/// percent-encoded), then host, path and parameters.
+/// Which backend a target names: `Ok(true)` a PostgreSQL lease, `Ok(false)`
+/// a lease file. A target that looks like a mistyped or half-built URL is
+/// neither: `postgresql:` without `//`, or `?lease=` in a path (what
+/// `"${DATABASE_URL}?lease=scheduler"` gives when the variable is empty)
+/// would otherwise become a lease file of that name, and two directories
+/// would each hold "their" lease at once.
+pub(crate) fn classify(target: &Path) -> Result<bool> {
+    use std::os::unix::ffi::OsStrExt;
+    if is_target(target) {
+        return Ok(true);
+    }
+    let b = target.as_os_str().as_bytes();
+    let starts = |p: &[u8]| b.len() >= p.len() && b[..p.len()].eq_ignore_ascii_case(p);
+    let shown = || mask_path(&String::from_utf8_lossy(b));
+    if starts(b"postgresql:") || starts(b"postgres:") {
+        return Err(Error::invalid(
+            "target",
+            format!(
+                "{}: looks like a PostgreSQL URL, but a lease URL starts with postgresql://                  (or postgres://)",
+                shown()
+            ),
+        ));
+    }
+    if b.windows(7).any(|w| w == b"?lease=") {
+        return Err(Error::invalid(
+            "target",
+            format!(
+                "{}: has `?lease=` in it, as a PostgreSQL lease target does, but does not start                  with postgresql:// (was the URL before it empty, say an unset DATABASE_URL?);                  a lease file's name would not have it",
+                shown()
+            ),
+        ));
+    }
+    Ok(false)
+}
+
+/// A path that was meant as a URL, for display: anything up to its last
+/// `@` (where a password would be) and any secret-looking parameter
+/// hidden, control characters escaped.
+fn mask_path(p: &str) -> String {
+    let p = match p.rsplit_once('@') {
+        Some((_, tail)) => format!("***@{tail}"),
+        None => p.to_owned(),
+    };
+    printable(&mask_query(&p))
+}
+
+/// Control characters escaped (`\x07`), so a message shows what it quotes.
+pub(crate) fn printable(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if c.is_control() {
+            out.push_str(&format!("\\x{:02x}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// A PostgreSQL URL cut into credentials, host and path, parameters. The
+/// credentials run to the first `@` when it comes before the first `/` (as
+/// libpq reads them) or before the first `?` (as the driver reads them, so
+/// a password may hold `/` or `#`); an `@` after a `?` with a `/` before it
+/// is a parameter's (`?password=a@b`, which libpq accepts).
 pub(crate) struct UrlParts<'a> {
     pub scheme: &'a str,
     pub creds: Option<&'a str>,
@@ -49,9 +111,12 @@ pub(crate) struct UrlParts<'a> {
 
 pub(crate) fn split_url(url: &str) -> Option<UrlParts<'_>> {
     let (scheme, rest) = url.split_once("://")?;
-    let (creds, rest) = match rest.split_once('@') {
-        Some((c, r)) => (Some(c), r),
-        None => (None, rest),
+    let first = |c: char| rest.find(c).unwrap_or(usize::MAX);
+    let at = first('@');
+    let (creds, rest) = if at != usize::MAX && (at < first('/') || at < first('?')) {
+        (Some(&rest[..at]), &rest[at + 1..])
+    } else {
+        (None, rest)
     };
     let (place, query) = match rest.split_once('?') {
         Some((p, q)) => (p, Some(q)),
@@ -94,15 +159,19 @@ fn may_be_secret(key: &str) -> bool {
 }
 
 /// The URL for display: the password (in the credentials or a `password`
-/// parameter, however encoded) replaced by `***`. Anything that does not
-/// look like a URL is shown as `***`.
+/// parameter, however encoded) replaced by `***`, control characters
+/// escaped. Anything that does not look like a URL is shown as `***`.
 pub fn mask(url: &str) -> String {
+    printable(&mask_raw(url))
+}
+
+fn mask_raw(url: &str) -> String {
     let Some(p) = split_url(url) else {
         return "***".into();
     };
-    if url.matches('@').count() > 1 {
-        // Where the password ends is ambiguous: hide everything up to the
-        // last `@`.
+    if p.place.contains('@') && !p.query.is_some_and(|q| q.contains('@')) {
+        // A second `@` before the parameters: where the password ends is
+        // ambiguous, so hide everything before the last one.
         let (_, tail) = url.rsplit_once('@').unwrap_or(("", url));
         return format!("{}://***@{}", p.scheme, mask_query(tail));
     }
@@ -113,11 +182,15 @@ pub fn mask(url: &str) -> String {
             None => out.push_str(&format!("{c}@")),
         }
     }
-    out.push_str(&mask_query(&match p.query {
+    out.push_str(&mask_query(&place_query(&p)));
+    out
+}
+
+fn place_query(p: &UrlParts<'_>) -> String {
+    match p.query {
         Some(q) => format!("{}?{q}", p.place),
         None => p.place.to_owned(),
-    }));
-    out
+    }
 }
 
 /// `place?query` with secret-looking parameters masked.

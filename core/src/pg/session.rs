@@ -493,7 +493,13 @@ impl Run {
         let c = &conn.client;
         if !table {
             if let Err(e) = c.batch_execute(TABLE_DDL).await {
-                let benign = [SqlState::UNIQUE_VIOLATION, SqlState::DUPLICATE_TABLE];
+                // Sessions creating it at the same moment collide in the
+                // catalogs in every way "already exists" can be said.
+                let benign = [
+                    SqlState::UNIQUE_VIOLATION,
+                    SqlState::DUPLICATE_TABLE,
+                    SqlState::DUPLICATE_OBJECT,
+                ];
                 if !e.code().is_some_and(|code| benign.contains(code)) {
                     return Err(privilege_error(t, "create table", &e, &format!(
                         "creating {TABLE} needs CREATE on the schema; or have its owner run once: {TABLE_DDL}"

@@ -83,16 +83,17 @@ impl Target {
             )));
         }
         let shown = mask(url);
-        if url.matches('@').count() > 1 {
+        let parts = split_url(url).ok_or_else(|| bad(format!("{shown}: not a PostgreSQL URL")))?;
+        if parts.place.contains('@') {
             return Err(bad(format!(
-                "{shown}: more than one `@`: percent-encode `@` in the user, password or lease \
-                 name as %40"
+                "{shown}: more than one `@` before the parameters: percent-encode `@` in the \
+                 user, password or lease name as %40"
             )));
         }
-        let parts = split_url(url).ok_or_else(|| bad(format!("{shown}: not a PostgreSQL URL")))?;
         let query = parts.query.unwrap_or("");
         let mut name = None;
         let mut passed = Vec::new();
+        let mut sslmode_given = false;
         for p in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = p.split_once('=').unwrap_or((p, ""));
             match k {
@@ -108,6 +109,10 @@ impl Target {
                          have; use sslmode=disable or prefer on a trusted network"
                     )))
                 }
+                "sslmode" => {
+                    sslmode_given = true;
+                    passed.push(p);
+                }
                 _ => passed.push(p),
             }
         }
@@ -118,7 +123,23 @@ impl Target {
             ))
         })?;
         check_name(&name, &shown)?;
-        let mut rebuilt = format!("{}://", parts.scheme);
+        if !sslmode_given {
+            // As psql would: the environment asks for TLS where the URL is
+            // silent, and a plaintext session is not what it asked for.
+            if let Ok(mode) = std::env::var("PGSSLMODE") {
+                if !matches!(mode.as_str(), "" | "disable" | "prefer" | "allow") {
+                    return Err(bad(format!(
+                        "{shown}: PGSSLMODE={} in the environment needs TLS, which this build of \
+                         sidelease does not have",
+                        super::printable(&mode)
+                    )));
+                }
+            }
+        }
+        // The driver takes the credentials to the first `@` anywhere: an
+        // `@` in the path or a parameter (libpq reads it as the value's)
+        // travels percent-encoded.
+        let mut rebuilt = format!("{}://", parts.scheme.to_ascii_lowercase());
         if let Some(c) = parts.creds {
             rebuilt.push_str(c);
             rebuilt.push('@');
@@ -126,7 +147,7 @@ impl Target {
         rebuilt.push_str(parts.place);
         if !passed.is_empty() {
             rebuilt.push('?');
-            rebuilt.push_str(&passed.join("&"));
+            rebuilt.push_str(&passed.join("&").replace('@', "%40"));
         }
         let mut config = tokio_postgres::Config::from_str(&rebuilt).map_err(|e| {
             // The parser's message may quote the URL: say what is wrong
@@ -293,6 +314,48 @@ mod tests {
         assert_eq!(t.name, "x");
         let e = Target::parse("postgresql://app:p@ss@db/app?lease=x").unwrap_err();
         assert!(e.to_string().contains("%40"), "{e}");
+        // An `@` in a parameter, no user part (libpq reads it so): the
+        // parameter's, not credentials.
+        let url = "postgresql://localhost/app?lease=s1&password=S3KRTw@x";
+        assert!(!mask(url).contains("S3KRTw"), "{}", mask(url));
+        let t = Target::parse(url).unwrap();
+        assert_eq!(t.name, "s1");
+        assert_eq!(t.config.get_password(), Some(&b"S3KRTw@x"[..]));
+        assert!(!t.shown.contains("S3KRTw"), "{}", t.shown);
+        // Control characters are shown escaped, never raw.
+        let e = Target::parse("postgresql://app:pw@db/app?lease=x\x1b[2J").unwrap_err();
+        assert!(!e.to_string().contains('\x1b'), "{e}");
+        assert!(e.to_string().contains("\\x1b"), "{e}");
+    }
+
+    #[test]
+    fn the_scheme_is_read_in_any_case_and_half_urls_are_no_file_names() {
+        use std::path::Path;
+        let upper = Target::parse("POSTGRESQL://app@db/app?lease=x").unwrap();
+        let lower = Target::parse("postgresql://app@db/app?lease=x").unwrap();
+        assert_eq!(upper.identity, lower.identity);
+        assert_eq!(upper.key, lower.key);
+        for t in ["PostgreSQL://db/app?lease=x", "POSTGRES://db/app?lease=x"] {
+            assert!(super::super::classify(Path::new(t)).unwrap(), "{t}");
+        }
+        for (t, why) in [
+            (
+                "postgresql:/app:pw@db/app?lease=x",
+                "starts with postgresql://",
+            ),
+            ("Postgres:db/app?lease=x", "starts with postgresql://"),
+            ("?lease=scheduler", "`?lease=`"),
+            ("/srv/app/?lease=scheduler", "`?lease=`"),
+        ] {
+            let e = super::super::classify(Path::new(t))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(why) && e.contains("`target`"), "{t}: {e}");
+            assert!(!e.contains("pw@"), "{t}: {e}");
+        }
+        for t in ["app.db", "/srv/a?b", "/srv/lease=x", "postgresql"] {
+            assert!(!super::super::classify(Path::new(t)).unwrap(), "{t}");
+        }
     }
 
     #[test]
