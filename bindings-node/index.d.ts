@@ -121,7 +121,7 @@ export interface Inspection {
   former: { pid: number; inode: number }[];
   unattributed: number;
   /** A PostgreSQL lease's holding session (`pg_locks` + `pg_stat_activity`); null for a file lease or a free one. */
-  server: { backendPid: number; clientAddr: string | null; applicationName: string | null } | null;
+  server: { backendPid: number; clientAddr: string | null; applicationName: string | null; encrypted: boolean | null } | null;
 }
 
 export type SideleaseErrorCode =

@@ -213,7 +213,8 @@ sidelease_status sidelease_strerror(int32_t status, char *buf, size_t len, size_
  * orphans: former lease files held by a process that does not hold the
  * file at the path; former: those the current holder keeps since it put
  * the file back; unattributed, and server: for a PostgreSQL target the session
- * holding it, {backend_pid, client_addr, application_name}, else null) to
+ * holding it, {backend_pid, client_addr, application_name, encrypted}, else
+ * null) to
  * free with sidelease_string_free().
  *
  * Returns SIDELEASE_OK, SIDELEASE_ERR_NULL_ARGUMENT,

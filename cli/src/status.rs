@@ -41,14 +41,19 @@ pub fn human(i: &Inspection) -> String {
     if crate::is_postgres(&i.lease_path) {
         if let Some(s) = &i.server {
             out += &format!(
-                "  session:    backend pid {} from {} ({})\n",
+                "  session:    backend pid {} from {} ({}), {}\n",
                 s.backend_pid,
                 s.client_addr
                     .as_deref()
                     .unwrap_or("a local socket or hidden"),
                 s.application_name
                     .as_deref()
-                    .unwrap_or("application name hidden")
+                    .unwrap_or("application name hidden"),
+                match s.encrypted {
+                    Some(true) => "encrypted (TLS)",
+                    Some(false) => "not encrypted",
+                    None => "encryption hidden",
+                }
             );
         }
     } else {

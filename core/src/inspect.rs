@@ -106,14 +106,16 @@ pub struct Inspection {
     pub server: Option<ServerHolder>,
 }
 
-/// The server session holding a PostgreSQL lease, as `pg_locks` and
-/// `pg_stat_activity` show it (client address and application name only
-/// where this user may see them).
+/// The server session holding a PostgreSQL lease, as `pg_locks`,
+/// `pg_stat_activity` and `pg_stat_ssl` show it (client address and
+/// application name only where this user may see them).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct ServerHolder {
     pub backend_pid: u32,
     pub client_addr: Option<String>,
     pub application_name: Option<String>,
+    /// Whether the session is encrypted (TLS), as the server says.
+    pub encrypted: Option<bool>,
 }
 
 impl Inspection {

@@ -74,6 +74,9 @@ pub struct Record {
     /// service opens is what the lease protects.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spelled_path: Option<String>,
+    /// Whether a PostgreSQL holder's session is encrypted (TLS).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encrypted: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub released_at: Option<String>,
 }
@@ -147,6 +150,7 @@ impl Record {
             dir_inode: None,
             file_name: None,
             spelled_path: None,
+            encrypted: None,
             released_at: None,
         })
     }

@@ -12,7 +12,16 @@ import uuid
 SECRETS = ("app-secret", "WRONGPW", "S3KRTw", "HUNTER2")
 
 
+# The server URL scenarios use (None: SIDELEASE_TEST_PG, the server
+# itself), and parameters after the lease name: the runner points them at
+# PgBouncer, and at the server over verify-full TLS, for more passes.
+BASE: "str | None" = None
+PARAMS = ""
+
+
 def base() -> str:
+    if BASE:
+        return BASE
     url = os.environ.get("SIDELEASE_TEST_PG")
     if not url:
         raise RuntimeError("SIDELEASE_TEST_PG is not set: run eval \"$(bash tests/pg/cluster start)\" first "
@@ -21,7 +30,7 @@ def base() -> str:
 
 
 def lease_url(tag: str) -> str:
-    return f"{base()}?lease=cross-{tag}-{uuid.uuid4().hex[:8]}"
+    return f"{base()}?lease=cross-{tag}-{uuid.uuid4().hex[:8]}{PARAMS}"
 
 
 def shown(url: str) -> str:

@@ -262,7 +262,25 @@ def main() -> int:
     ]
     passed = failed = na = 0
     start = time.monotonic()
-    for sc in scenarios:
+    # The PostgreSQL scenarios once more through a stock session-mode
+    # PgBouncer (tests/pg/cluster runs one), and once more over TLS with
+    # sslmode=verify-full against the test CA, where they must pass
+    # unchanged.
+    runs = [(sc, None) for sc in scenarios]
+    pg_scenarios = [sc for sc in scenarios if sc["name"].startswith("pg-")]
+    bouncer = os.environ.get("SIDELEASE_TEST_PGBOUNCER")
+    if bouncer:
+        # Every holder runtime, one contender runtime: what the pooler
+        # changes is the holder's session.
+        runs += [({**sc, "contenders": ["rust"]}, ("PgBouncer", bouncer, "")) for sc in pg_scenarios]
+    pki = os.environ.get("SIDELEASE_TEST_PG_PKI")
+    if pki:
+        tls_base = os.environ["SIDELEASE_TEST_PG"].replace("@127.0.0.1:", "@localhost:")
+        params = f"&sslmode=verify-full&sslrootcert={pki}/ca.crt"
+        runs += [({**sc, "contenders": ["rust"]}, ("verify-full", tls_base, params)) for sc in pg_scenarios]
+    for sc, via in runs:
+        pg.BASE, pg.PARAMS = (via[1], via[2]) if via else (None, "")
+        tag = f" ({via[0]})" if via else ""
         results = []
         # A scenario may name the contenders it needs (the holder's runtime
         # is what it tests; every contender runs the same core): fewer
@@ -276,9 +294,12 @@ def main() -> int:
                 na += 1
             else:
                 failed += 1
-                print(f"FAIL {sc['name']} holder={holder} contender={contender}\n{detail}\n", flush=True)
-        print(f"{sc['name']:<32} pass {results.count('pass'):>2}  fail {results.count('fail'):>2}  "
+                print(f"FAIL {sc['name']}{tag} holder={holder} "
+                      f"contender={contender}\n{detail}\n", flush=True)
+        label = sc["name"] + tag
+        print(f"{label:<32} pass {results.count('pass'):>2}  fail {results.count('fail'):>2}  "
               f"n/a {results.count('n/a'):>2}", flush=True)
+    pg.BASE, pg.PARAMS = None, ""
     print(f"scenarios x pairs: {passed} passed, {failed} failed, {na} not applicable "
           f"(Node and Bun cannot exec or fork themselves) in {time.monotonic() - start:.1f}s", flush=True)
 

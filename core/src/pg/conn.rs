@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
+use tokio_postgres::config::SslMode;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 use tokio_postgres::{Client, NoTls};
@@ -14,6 +15,7 @@ use tokio_postgres::{Client, NoTls};
 use super::session::HEARTBEAT_DEADLINE;
 use super::socket;
 use super::target::Target;
+use super::tls::Mode;
 use crate::error::{Error, Result};
 use crate::platform::process;
 
@@ -21,6 +23,19 @@ pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub(crate) struct Conn {
     pub client: Client,
     pub task: JoinHandle<std::result::Result<(), tokio_postgres::Error>>,
+    /// A value set in this server session only (`sidelease.session`):
+    /// every statement that matters checks it, so a pooler that hands the
+    /// next statement to another server session is caught (see
+    /// [`POOLER_CHECK`]).
+    pub session: String,
+    /// This end's and the peer's TCP addresses (`None` over a Unix
+    /// socket): a server reached directly sees exactly them as its
+    /// client's and its own.
+    pub ends: Option<(std::net::SocketAddr, std::net::SocketAddr)>,
+    /// The TLS version of the session, if it is encrypted.
+    pub tls: Option<&'static str>,
+    /// The host reached, if over TCP.
+    pub host: Option<String>,
 }
 
 impl Conn {
@@ -30,18 +45,32 @@ impl Conn {
     }
 }
 
-/// Settings every lease session runs with (sent in the startup packet, so
-/// they cost no round trip; each is one a plain user may set). The holder
-/// row's writes wait for a row lock at most `ROW_LOCK_TIMEOUT` (an
-/// application's fencing transaction holds one `FOR SHARE`); only the
-/// blocking `pg_advisory_lock` gets the caller's own timeout. The server's
-/// keepalives (2 s idle, 3 probes 1 s apart) notice a silent client after
-/// 5 s, later than the holder notices (3 s); `tcp_user_timeout` is left at
-/// the server's default so it cannot cut that short.
-pub(crate) const SESSION_OPTIONS: &str = "-c statement_timeout=0 -c lock_timeout=5000 \
-     -c idle_in_transaction_session_timeout=0 -c idle_session_timeout=10000 \
-     -c client_connection_check_interval=1000 -c tcp_keepalives_idle=2 \
-     -c tcp_keepalives_interval=1 -c tcp_keepalives_count=3";
+/// Settings every lease session runs with, set by statements once
+/// connected (a pooler such as PgBouncer refuses the startup packet's
+/// `options`; each is one a plain user may set, and each overrides what a
+/// role or database setting says). The holder row's writes wait for a row
+/// lock at most `ROW_LOCK_TIMEOUT` (an application's fencing transaction
+/// holds one `FOR SHARE`); only the blocking `pg_advisory_lock` gets the
+/// caller's own timeout. The server's keepalives (2 s idle, 3 probes 1 s
+/// apart) notice a silent client after 5 s, later than the holder notices
+/// (3 s); `tcp_user_timeout` is the system's (0), whatever a role set, so
+/// it cannot cut that short.
+pub(crate) const SESSION_SETTINGS: &str = "SET statement_timeout = 0; SET lock_timeout = 5000; \
+     SET idle_in_transaction_session_timeout = 0; SET idle_session_timeout = 10000; \
+     SET client_connection_check_interval = 1000; SET tcp_keepalives_idle = 2; \
+     SET tcp_keepalives_interval = 1; SET tcp_keepalives_count = 3; SET tcp_user_timeout = 0";
+
+/// What a statement that matters checks, in the same statement, so it runs
+/// in the same server session as what it guards: that the session is the
+/// one this connection set up (a transaction- or statement-mode pooler
+/// hands each statement to any server session), and that it holds no
+/// advisory lock this connection did not take (a pooled server session may
+/// carry another client's lock, which `pg_try_advisory_lock` would grant
+/// again). `$2` is the session's value.
+pub(crate) const POOLER_CHECK: &str = "current_setting('sidelease.session', true) IS NOT \
+     DISTINCT FROM $2";
+pub(crate) const FOREIGN_LOCKS: &str = "EXISTS (SELECT 1 FROM pg_locks WHERE locktype = \
+     'advisory' AND pid = pg_backend_pid() AND granted)";
 pub(crate) const ROW_LOCK_TIMEOUT: &str = "5000";
 
 /// How long a cancelled wait may take to end before its connection is
@@ -76,43 +105,201 @@ pub(crate) fn application_name(target: &Target) -> String {
 }
 
 pub(crate) async fn open(target: &Target, app: Option<String>) -> Result<Conn> {
+    open_with(target, app, true).await
+}
+
+/// A connection without the lease session's settings (and without its
+/// `sidelease.session` value): the probe for a pooler.
+pub(crate) async fn open_bare(target: &Target, app: &str) -> Result<Conn> {
+    open_with(target, Some(app.to_owned()), false).await
+}
+
+async fn open_with(target: &Target, app: Option<String>, settings: bool) -> Result<Conn> {
     let mut cfg = target.config.clone();
     cfg.application_name(app.unwrap_or_else(|| application_name(target)));
-    let opts = match cfg.get_options() {
-        Some(o) if !o.is_empty() => format!("{o} {SESSION_OPTIONS}"),
-        _ => SESSION_OPTIONS.to_owned(),
-    };
-    cfg.options(opts);
     let timeout = cfg
         .get_connect_timeout()
         .copied()
         .unwrap_or(CONNECT_TIMEOUT);
-    let sock = socket::connect(&cfg, timeout)
-        .await
-        .map_err(|e| io_error(target, "connect", crate::error::os_message(&e)))?;
-    let (client, connection) =
-        match tokio::time::timeout(timeout, cfg.connect_raw(sock, NoTls)).await {
-            Ok(Ok(c)) => c,
+    // libpq's order of tries: `allow` plaintext first and TLS if the server
+    // refuses it, `prefer` TLS first and plaintext if the handshake fails
+    // or the server refuses the encrypted session.
+    let (first, second) = match target.tls.mode {
+        Mode::Disable => (SslMode::Disable, None),
+        Mode::Allow => (SslMode::Disable, Some(SslMode::Require)),
+        Mode::Prefer => (SslMode::Prefer, Some(SslMode::Disable)),
+        Mode::Require | Mode::VerifyCa | Mode::VerifyFull => (SslMode::Require, None),
+    };
+    let first_tls = first != SslMode::Disable;
+    let mut conn = match startup(target, &mut cfg, timeout, first).await {
+        Ok(c) => c,
+        Err(Failed {
+            error: before,
+            retry: true,
+        }) if second.is_some() => {
+            let second = second.unwrap_or(SslMode::Disable);
+            startup(target, &mut cfg, timeout, second)
+                .await
+                .map_err(|f| match (f.error, before) {
+                    (Error::Io { source, .. }, Error::Io { source: first, .. }) => io_error(
+                        target,
+                        "connect",
+                        format!(
+                            "{source}; the try {} TLS before it failed too: {first}",
+                            if first_tls { "with" } else { "without" }
+                        ),
+                    ),
+                    (e, _) => e,
+                })?
+        }
+        Err(f) => return Err(f.error),
+    };
+    if settings {
+        let setup = format!(
+            "{SESSION_SETTINGS}; SET sidelease.session = '{}'",
+            conn.session
+        );
+        match tokio::time::timeout(timeout, conn.client.batch_execute(&setup)).await {
+            Ok(Ok(())) => {}
             Ok(Err(e)) => return Err(pg_error(target, "connect", &e)),
             Err(_) => {
                 return Err(io_error(
                     target,
                     "connect",
-                    "the server did not finish the startup in time",
+                    "the server did not answer the session's settings in time",
                 ))
             }
-        };
-    let task = tokio::spawn(connection);
-    Ok(Conn { client, task })
+        }
+    } else {
+        conn.session.clear();
+    }
+    Ok(conn)
+}
+
+/// A startup that failed, and whether libpq's other try applies: the
+/// server refused the session (`allow`), or TLS was tried (`prefer`).
+struct Failed {
+    error: Error,
+    retry: bool,
+}
+
+async fn startup(
+    target: &Target,
+    cfg: &mut tokio_postgres::Config,
+    timeout: Duration,
+    mode: SslMode,
+) -> std::result::Result<Conn, Failed> {
+    let hard = |error| Failed {
+        error,
+        retry: false,
+    };
+    let (sock, host) = socket::connect(cfg, timeout)
+        .await
+        .map_err(|e| hard(io_error(target, "connect", crate::error::os_message(&e))))?;
+    let ends = sock.tcp_ends();
+    // No TLS over a Unix socket (as libpq).
+    let connector = match (&host, mode) {
+        (Some(h), SslMode::Prefer | SslMode::Require) => {
+            target.tls.connector(h, &target.shown).map_err(hard)?
+        }
+        _ => None,
+    };
+    cfg.ssl_mode(if connector.is_some() {
+        mode
+    } else {
+        SslMode::Disable
+    });
+    let used = connector.as_ref().map(|c| c.used.clone());
+    let started = match connector {
+        Some(tls) => {
+            let tried = tls.tried.clone();
+            let r = tokio::time::timeout(timeout, cfg.connect_raw(sock, tls)).await;
+            let tried = tried.load(std::sync::atomic::Ordering::Relaxed);
+            r.map(|r| {
+                r.map(|(client, connection)| (client, tokio::spawn(connection)))
+                    .map_err(|e| (e, tried))
+            })
+        }
+        None => tokio::time::timeout(timeout, cfg.connect_raw(sock, NoTls))
+            .await
+            .map(|r| {
+                r.map(|(client, connection)| (client, tokio::spawn(connection)))
+                    .map_err(|e| (e, false))
+            }),
+    };
+    let (client, task) = match started {
+        Ok(Ok(c)) => c,
+        Ok(Err((e, tried))) => {
+            let retry = match mode {
+                SslMode::Disable => e.as_db_error().is_some(),
+                _ => tried,
+            };
+            return Err(Failed {
+                error: pg_error(target, "connect", &e),
+                retry,
+            });
+        }
+        Err(_) => {
+            return Err(hard(io_error(
+                target,
+                "connect",
+                "the server did not finish the startup in time",
+            )))
+        }
+    };
+    let session = crate::nonce::fresh_hex()
+        .map_err(|e| hard(io_error(target, "getrandom", crate::error::os_message(&e))))?;
+    Ok(Conn {
+        client,
+        task,
+        session,
+        ends,
+        tls: used.and_then(|u| u.get().copied()),
+        host,
+    })
+}
+
+/// Whether another connection to the same URL, opened while this one is
+/// idle, reaches this one's server session: a transaction- or
+/// statement-mode pooler hands an idle client's server session to the next
+/// client (PgBouncer the most recently used one first), a session-mode
+/// pool never does. Asked only when something sits between this process
+/// and the server (the server does not see this connection's address as
+/// its client's).
+pub(crate) async fn probe(target: &Target, conn: &Conn, pid: i32) -> Result<()> {
+    let other = open_bare(target, "sidelease pooler probe").await?;
+    let rows = other
+        .client
+        .query_typed(
+            "SELECT pg_backend_pid(), current_setting('sidelease.session', true) IS NOT DISTINCT FROM $1",
+            &[(&conn.session, Type::TEXT)],
+        )
+        .await;
+    other.close().await;
+    let rows = rows.map_err(|e| pg_error(target, "query", &e))?;
+    let (p, same): (i32, bool) = rows.first().map_or((0, false), |r| (r.get(0), r.get(1)));
+    if p == pid || same {
+        return Err(pooler(target, Pooled::SharedSession));
+    }
+    Ok(())
 }
 
 /// Ask the server to cancel what the connection runs (a new connection
 /// carries the request).
-pub(crate) async fn cancel(target: &Target, client: &Client) {
-    let token = client.cancel_token();
-    if let Ok(sock) = socket::connect(&target.config, CONNECT_TIMEOUT).await {
-        let _ = tokio::time::timeout(CONNECT_TIMEOUT, token.cancel_query_raw(sock, NoTls)).await;
-    }
+pub(crate) async fn cancel(target: &Target, conn: &Conn) {
+    let token = conn.client.cancel_token();
+    let Ok((sock, _)) = socket::connect(&target.config, CONNECT_TIMEOUT).await else {
+        return;
+    };
+    // The request goes as the session did: the token remembers its mode.
+    let tls = match &conn.host {
+        Some(h) if conn.tls.is_some() => target.tls.connector(h, &target.shown).ok().flatten(),
+        _ => None,
+    };
+    let _ = match tls {
+        Some(tls) => tokio::time::timeout(CONNECT_TIMEOUT, token.cancel_query_raw(sock, tls)).await,
+        None => tokio::time::timeout(CONNECT_TIMEOUT, token.cancel_query_raw(sock, NoTls)).await,
+    };
 }
 
 /// The server's message (severity, text, SQLSTATE, hint), or the driver's
@@ -172,15 +359,47 @@ pub(crate) fn standby_error(t: &Target) -> Error {
     )
 }
 
-pub(crate) fn pooler(t: &Target, before: i32, after: Option<i32>) -> Error {
+/// What a statement found of a pooler between this connection and the
+/// server.
+pub(crate) enum Pooled {
+    /// The statement ran in another server session than the one this
+    /// connection set up.
+    OtherSession,
+    /// The server session already held an advisory lock this connection
+    /// never took (another client's, left on a pooled server session).
+    ForeignLock,
+    /// The server backend changed between two statements.
+    Backend(i32, Option<i32>),
+    /// Another connection reached this connection's server session.
+    SharedSession,
+}
+
+pub(crate) fn pooler(t: &Target, what: Pooled) -> Error {
+    let seen = match what {
+        Pooled::OtherSession => {
+            "a statement ran in another server session than the one this connection set up"
+                .to_owned()
+        }
+        Pooled::ForeignLock => {
+            "the server session already held an advisory lock this connection never took".to_owned()
+        }
+        Pooled::SharedSession => {
+            "another connection to the same URL reached this connection's server session while \
+             it was idle"
+                .to_owned()
+        }
+        Pooled::Backend(before, after) => format!(
+            "the server backend changed between two statements (pid {before}, then {})",
+            after.map_or("none".to_owned(), |p| p.to_string())
+        ),
+    };
     Error::invalid(
         "target",
         format!(
-            "{}: the server backend changed between two statements (pid {before}, then {}): \
-             the URL goes through a transaction-mode pooler, where a session advisory lock \
-             cannot live; connect to the server directly or through a session-mode pool",
-            t.shown,
-            after.map_or("none".to_owned(), |p| p.to_string())
+            "{}: {seen}: the URL goes through a transaction- or statement-mode pooler (such as \
+             PgBouncer with pool_mode = transaction), where a session advisory lock cannot live; \
+             connect to the server directly, or through a session-mode pool",
+            t.shown
         ),
     )
 }
@@ -213,9 +432,19 @@ pub(crate) async fn set_lock_timeout(
     .map(drop)
 }
 
-pub(crate) async fn backend_pid(c: &Client) -> std::result::Result<i32, tokio_postgres::Error> {
-    let rows = c.query_typed("SELECT pg_backend_pid()", &[]).await?;
-    Ok(rows.first().map_or(0, |r| r.get(0)))
+/// The holder's heartbeat: the server backend, and whether the statement
+/// ran in this connection's own server session.
+pub(crate) async fn heartbeat(
+    c: &Client,
+    session: &str,
+) -> std::result::Result<(i32, bool), tokio_postgres::Error> {
+    let rows = c
+        .query_typed(
+            "SELECT pg_backend_pid(), current_setting('sidelease.session', true) IS NOT DISTINCT FROM $1",
+            &[(&session, Type::TEXT)],
+        )
+        .await?;
+    Ok(rows.first().map_or((0, false), |r| (r.get(0), r.get(1))))
 }
 
 pub(crate) async fn unlock(c: &Client, key: i64) -> std::result::Result<(), tokio_postgres::Error> {

@@ -52,8 +52,9 @@ pub(crate) async fn lock_holder(
 ) -> std::result::Result<Option<ServerHolder>, tokio_postgres::Error> {
     let rows = c
         .query_typed(
-            "SELECT l.pid, host(a.client_addr), a.application_name FROM pg_locks l \
+            "SELECT l.pid, host(a.client_addr), a.application_name, s.ssl FROM pg_locks l \
              LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+             LEFT JOIN pg_stat_ssl s ON s.pid = l.pid \
              WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 \
              AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
              AND l.classid = (($1::bigint >> 32) & 4294967295)::oid \
@@ -65,6 +66,7 @@ pub(crate) async fn lock_holder(
         backend_pid: r.get::<_, i32>(0) as u32,
         client_addr: r.get(1),
         application_name: r.get(2),
+        encrypted: r.get(3),
     }))
 }
 

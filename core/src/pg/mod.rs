@@ -22,6 +22,8 @@ mod session;
 mod socket;
 #[cfg(feature = "postgres")]
 pub mod target;
+#[cfg(feature = "postgres")]
+mod tls;
 
 use std::path::Path;
 
@@ -55,7 +57,8 @@ pub(crate) fn classify(target: &Path) -> Result<bool> {
         return Err(Error::invalid(
             "target",
             format!(
-                "{}: looks like a PostgreSQL URL, but a lease URL starts with postgresql://                  (or postgres://)",
+                "{}: looks like a PostgreSQL URL, but a lease URL starts with postgresql:// \
+                 (or postgres://)",
                 shown()
             ),
         ));
@@ -64,7 +67,9 @@ pub(crate) fn classify(target: &Path) -> Result<bool> {
         return Err(Error::invalid(
             "target",
             format!(
-                "{}: has `?lease=` in it, as a PostgreSQL lease target does, but does not start                  with postgresql:// (was the URL before it empty, say an unset DATABASE_URL?);                  a lease file's name would not have it",
+                "{}: has `?lease=` in it, as a PostgreSQL lease target does, but does not start \
+                 with postgresql:// (was the URL before it empty, say an unset DATABASE_URL?); \
+                 a lease file's name would not have it",
                 shown()
             ),
         ));

@@ -18,9 +18,9 @@ use tokio_postgres::types::Type;
 
 use super::attempt::Slot;
 use super::conn::{
-    backend_pid, cancel, describe, holds, in_order, io_error, open, pg_error, pooler,
-    privilege_error, release_within, set_lock_timeout, standby_error, unlock, Conn, CANCEL_GRACE,
-    CANCEL_RETRY, CONNECT_TIMEOUT, ROW_LOCK_TIMEOUT,
+    cancel, describe, heartbeat, holds, in_order, io_error, open, pg_error, pooler,
+    privilege_error, probe, release_within, set_lock_timeout, standby_error, unlock, Conn, Pooled,
+    CANCEL_GRACE, CANCEL_RETRY, CONNECT_TIMEOUT, FOREIGN_LOCKS, POOLER_CHECK, ROW_LOCK_TIMEOUT,
 };
 use super::local;
 use super::target::Target;
@@ -145,6 +145,8 @@ enum Step {
     Broken(Error),
     Share,
     Cancelled,
+    /// Look again (the probe for a pooler found none).
+    Again,
 }
 
 struct Run {
@@ -159,6 +161,9 @@ struct Run {
     /// statement on the table loads its catalog entries (a millisecond
     /// here), which is better spent before the lock is granted than after.
     prepared: Option<tokio_postgres::Statement>,
+    /// This connection was found to reach a server session of its own
+    /// through whatever sits between (see `conn::probe`).
+    probed: bool,
 }
 
 pub(crate) fn spawn(
@@ -172,6 +177,7 @@ pub(crate) fn spawn(
     let run = Run {
         waiter_id: registry::attempt_id(),
         prepared: None,
+        probed: false,
         target,
         opts,
         started,
@@ -223,6 +229,7 @@ impl Run {
                 break;
             }
             self.prepared = None;
+            self.probed = false;
             let conn = match open(&self.target, None).await {
                 Ok(c) => c,
                 Err(e) => {
@@ -259,7 +266,7 @@ impl Run {
                     }
                 }
                 Step::Share => conn.close().await,
-                Step::Cancelled => {
+                Step::Cancelled | Step::Again => {
                     conn.close().await;
                     break;
                 }
@@ -298,18 +305,53 @@ impl Run {
     }
 
     async fn attempt(&mut self, conn: &Conn) -> Step {
+        loop {
+            match self.attempt_once(conn).await {
+                Step::Again => continue,
+                step => return step,
+            }
+        }
+    }
+
+    async fn attempt_once(&mut self, conn: &Conn) -> Step {
         let c = &conn.client;
         let t = &*self.target;
-        let key = [(
-            &t.key as &(dyn tokio_postgres::types::ToSql + Sync),
-            Type::INT8,
-        )];
-        let first = c.query_typed(
+        // The server sees this connection's two ends as its client's and
+        // its own only when nothing sits between them (an ephemeral port
+        // may repeat towards another destination, the whole pair does not);
+        // otherwise, and over a Unix socket, the lock waits for the probe.
+        let (lport, laddr, rport, raddr) = match conn.ends {
+            Some((l, r)) => (
+                i32::from(l.port()),
+                l.ip().to_string(),
+                i32::from(r.port()),
+                r.ip().to_string(),
+            ),
+            None => (-1, String::new(), -1, String::new()),
+        };
+        let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 7] = [
+            (&t.key, Type::INT8),
+            (&conn.session, Type::TEXT),
+            (&lport, Type::INT4),
+            (&laddr, Type::TEXT),
+            (&self.probed, Type::BOOL),
+            (&rport, Type::INT4),
+            (&raddr, Type::TEXT),
+        ];
+        let sql = format!(
             "SELECT pg_backend_pid(), pg_is_in_recovery(), \
-                 to_regclass('sidelease_leases') IS NOT NULL, \
-                 CASE WHEN pg_is_in_recovery() THEN false ELSE pg_try_advisory_lock($1) END",
-            &key,
+                 to_regclass('sidelease_leases') IS NOT NULL, pre.ours, pre.held_already, \
+                 pre.direct, \
+                 CASE WHEN pg_is_in_recovery() OR NOT pre.ours OR pre.held_already \
+                           OR NOT (pre.direct OR $5) THEN false \
+                      ELSE pg_try_advisory_lock($1) END \
+             FROM (SELECT {POOLER_CHECK} AS ours, {FOREIGN_LOCKS} AS held_already, \
+                          (inet_client_port() IS NOT DISTINCT FROM $3 AND \
+                           inet_client_addr() IS NOT DISTINCT FROM NULLIF($4, '')::inet AND \
+                           inet_server_port() IS NOT DISTINCT FROM $6 AND \
+                           inet_server_addr() IS NOT DISTINCT FROM NULLIF($7, '')::inet) AS direct) pre"
         );
+        let first = c.query_typed(&sql, &params);
         let first = match tokio::time::timeout(CONNECT_TIMEOUT, first).await {
             Ok(r) => r,
             Err(_) => {
@@ -328,10 +370,43 @@ impl Run {
             Ok(_) => return Step::Fail(io_error(t, "query", "the server answered no row")),
             Err(e) => return Step::Broken(pg_error(t, "query", &e)),
         };
-        let (pid, standby, table, got): (i32, bool, bool, bool) =
-            (row.get(0), row.get(1), row.get(2), row.get(3));
+        let (pid, standby, table, ours, foreign, direct, got): (
+            i32,
+            bool,
+            bool,
+            bool,
+            bool,
+            bool,
+            bool,
+        ) = (
+            row.get(0),
+            row.get(1),
+            row.get(2),
+            row.get(3),
+            row.get(4),
+            row.get(5),
+            row.get(6),
+        );
         if standby {
             return Step::Fail(standby_error(t));
+        }
+        if !ours {
+            return Step::Fail(pooler(t, Pooled::OtherSession));
+        }
+        if foreign {
+            return Step::Fail(pooler(t, Pooled::ForeignLock));
+        }
+        if !direct && !self.probed {
+            // Something sits between: a session pool is fine, a
+            // transaction pooler is not; ask, then attempt again.
+            return match probe(t, conn, pid).await {
+                Ok(()) => {
+                    self.probed = true;
+                    Step::Again
+                }
+                Err(e @ Error::InvalidArgument { .. }) => Step::Fail(e),
+                Err(e) => Step::Broken(e),
+            };
         }
         if got {
             return Step::Got {
@@ -385,11 +460,17 @@ impl Run {
             return Step::Broken(pg_error(&t, "query", &e));
         }
         self.prepared = prepared;
-        let params = [(
-            &t.key as &(dyn tokio_postgres::types::ToSql + Sync),
-            Type::INT8,
-        )];
-        let lock = c.query_typed("SELECT pg_backend_pid() FROM pg_advisory_lock($1)", &params);
+        let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 2] =
+            [(&t.key, Type::INT8), (&conn.session, Type::TEXT)];
+        // The checks and the lock in one statement, so in one server
+        // session; the lock is taken only if they pass.
+        let sql = format!(
+            "SELECT pg_backend_pid(), pre.ours, pre.held_already, \
+                 CASE WHEN pre.ours AND NOT pre.held_already \
+                      THEN pg_advisory_lock($1)::text = '' ELSE false END \
+             FROM (SELECT {POOLER_CHECK} AS ours, {FOREIGN_LOCKS} AS held_already) pre"
+        );
+        let lock = c.query_typed(&sql, &params);
         tokio::pin!(lock);
         let mut why: Option<Step> = None;
         let mut give_up_at = tokio::time::Instant::now();
@@ -405,7 +486,7 @@ impl Run {
                         Some(Cmd::Cancel) | None => Some(Step::Cancelled),
                     };
                     give_up_at = tokio::time::Instant::now() + CANCEL_GRACE;
-                    cancel(&t, c).await;
+                    cancel(&t, conn).await;
                     retry.as_mut().reset(tokio::time::Instant::now() + CANCEL_RETRY);
                 }
                 _ = &mut retry, if why.is_some() => {
@@ -417,19 +498,31 @@ impl Run {
                     }
                     // A cancel request that reaches the server before the
                     // lock request does is ignored: ask again.
-                    cancel(&t, c).await;
+                    cancel(&t, conn).await;
                     retry.as_mut().reset(tokio::time::Instant::now() + CANCEL_RETRY);
                 }
             }
         };
         let granted = match res {
             Ok(rows) => {
-                let now: Option<i32> = rows.first().map(|r| r.get(0));
-                if now != Some(pid) {
-                    let _ = unlock(c, t.key).await;
-                    return Step::Fail(pooler(&t, pid, now));
+                let Some(row) = rows.first() else {
+                    return Step::Fail(io_error(&t, "query", "the server answered no row"));
+                };
+                let (now, ours, foreign, locked): (i32, bool, bool, bool) =
+                    (row.get(0), row.get(1), row.get(2), row.get(3));
+                if !ours {
+                    return Step::Fail(pooler(&t, Pooled::OtherSession));
                 }
-                true
+                if foreign {
+                    return Step::Fail(pooler(&t, Pooled::ForeignLock));
+                }
+                if now != pid {
+                    if locked {
+                        let _ = unlock(c, t.key).await;
+                    }
+                    return Step::Fail(pooler(&t, Pooled::Backend(pid, Some(now))));
+                }
+                locked
             }
             Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
                 // The lock may have been granted at the instant the timeout
@@ -508,6 +601,7 @@ impl Run {
             }
         }
         let mut rec = Record::of_this_process(t.shown.clone(), &self.opts)?;
+        rec.encrypted = Some(conn.tls.is_some());
         let holder = rec.to_json();
         let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 3] = [
             (&t.name, Type::TEXT),
@@ -570,7 +664,7 @@ impl Run {
         let prev_released: Option<String> = row.get(3);
         let now: i32 = row.get(4);
         if now != pid {
-            return Err(pooler(t, pid, Some(now)));
+            return Err(pooler(t, Pooled::Backend(pid, Some(now))));
         }
         let previous = match prev_holder {
             None => Content::Empty,
@@ -646,15 +740,15 @@ impl Run {
                     };
                 }
                 _ = tokio::time::sleep_until(next) => {
-                    match tokio::time::timeout(HEARTBEAT_DEADLINE, backend_pid(&conn.client)).await {
-                        Ok(Ok(now)) if now == pid => {
+                    match tokio::time::timeout(HEARTBEAT_DEADLINE, heartbeat(&conn.client, &conn.session)).await {
+                        Ok(Ok((now, true))) if now == pid => {
                             confirmed.now();
                             next = tokio::time::Instant::now() + HEARTBEAT;
                         }
-                        Ok(Ok(now)) => break format!(
-                            "the server backend changed from pid {pid} to {now}: a transaction-mode \
-                             pooler sits between this process and the server, and the lock stayed \
-                             with the old backend"),
+                        Ok(Ok((now, _))) => break format!(
+                            "the heartbeat ran in another server session (pid {pid}, then {now}): a \
+                             transaction- or statement-mode pooler sits between this process and the \
+                             server, and the lock stayed with the old session"),
                         Ok(Err(e)) => break format!("the lease's session failed: {}", describe(&e)),
                         Err(_) => break format!(
                             "the server did not answer the lease's heartbeat within {}s \

@@ -98,6 +98,16 @@ fn listed_socket(family: AddressFamily) -> io::Result<Listed> {
 }
 
 impl Listed {
+    /// This end's and the peer's TCP addresses: a server reached directly
+    /// sees exactly them as its client's and its own (`None` over a Unix
+    /// socket).
+    pub(crate) fn tcp_ends(&self) -> Option<(SocketAddr, SocketAddr)> {
+        match &self.stream {
+            Some(Stream::Tcp(s)) => Some((s.local_addr().ok()?, s.peer_addr().ok()?)),
+            _ => None,
+        }
+    }
+
     fn borrowed(&self) -> BorrowedFd<'_> {
         // SAFETY: the descriptor is open while the Listed exists.
         unsafe { BorrowedFd::borrow_raw(self.fd) }
@@ -176,11 +186,11 @@ async fn unix(path: &Path) -> io::Result<Listed> {
 }
 
 /// Connect to the first host of `config` that answers, each address within
-/// `timeout`.
+/// `timeout`; with the host's name if it was reached over TCP.
 pub(crate) async fn connect(
     config: &tokio_postgres::Config,
     timeout: Duration,
-) -> io::Result<Listed> {
+) -> io::Result<(Listed, Option<String>)> {
     let ports = config.get_ports();
     let mut last = io::Error::new(io::ErrorKind::InvalidInput, "no host to connect to");
     for (i, host) in config.get_hosts().iter().enumerate() {
@@ -203,7 +213,13 @@ pub(crate) async fn connect(
                 }
             };
             match tokio::time::timeout(timeout, attempt).await {
-                Ok(Ok(s)) => return Ok(s),
+                Ok(Ok(s)) => {
+                    let name = match host {
+                        Host::Tcp(h) => Some(h.clone()),
+                        Host::Unix(_) => None,
+                    };
+                    return Ok((s, name));
+                }
                 Ok(Err(e)) => last = e,
                 Err(_) => {
                     last = io::Error::new(

@@ -7,9 +7,9 @@
 use std::str::FromStr;
 
 use sha2::{Digest, Sha256};
-use tokio_postgres::config::{Host, SslMode};
+use tokio_postgres::config::Host;
 
-use super::{mask, split_url};
+use super::{mask, split_url, tls};
 use crate::error::{Error, Result};
 
 /// Longest lease name accepted, in bytes.
@@ -28,6 +28,7 @@ pub(crate) struct Target {
     /// Identifies the lease in this process: user, hosts, ports, database
     /// and name (never the password).
     pub identity: String,
+    pub tls: tls::Settings,
 }
 
 impl std::fmt::Debug for Target {
@@ -92,8 +93,9 @@ impl Target {
         }
         let query = parts.query.unwrap_or("");
         let mut name = None;
-        let mut passed = Vec::new();
-        let mut sslmode_given = false;
+        let mut passed: Vec<String> = Vec::new();
+        let mut tls_given: Vec<(&str, String)> = Vec::new();
+        let mut binding_given = false;
         for p in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = p.split_once('=').unwrap_or((p, ""));
             match k {
@@ -103,19 +105,32 @@ impl Target {
                     }
                     name = Some(percent_decode(v, "lease name")?);
                 }
-                "sslmode" if !matches!(v, "disable" | "prefer" | "allow") => {
-                    return Err(bad(format!(
-                        "{shown}: sslmode={v} needs TLS, which this build of sidelease does not \
-                         have; use sslmode=disable or prefer on a trusted network"
-                    )))
+                _ if tls::PARAMS.iter().any(|(t, _)| *t == k) => {
+                    tls_given.push((k, percent_decode(v, k)?));
                 }
-                "sslmode" => {
-                    sslmode_given = true;
-                    passed.push(p);
+                "channel_binding" => {
+                    binding_given = true;
+                    passed.push(p.to_owned());
                 }
-                _ => passed.push(p),
+                _ => passed.push(p.to_owned()),
             }
         }
+        if !binding_given {
+            if let Some(v) = std::env::var("PGCHANNELBINDING")
+                .ok()
+                .filter(|v| !v.is_empty())
+            {
+                if !matches!(v.as_str(), "disable" | "prefer" | "require") {
+                    return Err(bad(format!(
+                        "{shown}: PGCHANNELBINDING={} in the environment: disable, prefer or \
+                         require",
+                        super::printable(&v)
+                    )));
+                }
+                passed.push(format!("channel_binding={v}"));
+            }
+        }
+        let tls = tls::Settings::parse(&tls_given, &shown)?;
         let name = name.ok_or_else(|| {
             bad(format!(
                 "{shown}: no lease name; add `?lease=NAME` (for example \
@@ -123,19 +138,6 @@ impl Target {
             ))
         })?;
         check_name(&name, &shown)?;
-        if !sslmode_given {
-            // As psql would: the environment asks for TLS where the URL is
-            // silent, and a plaintext session is not what it asked for.
-            if let Ok(mode) = std::env::var("PGSSLMODE") {
-                if !matches!(mode.as_str(), "" | "disable" | "prefer" | "allow") {
-                    return Err(bad(format!(
-                        "{shown}: PGSSLMODE={} in the environment needs TLS, which this build of \
-                         sidelease does not have",
-                        super::printable(&mode)
-                    )));
-                }
-            }
-        }
         // The driver takes the credentials to the first `@` anywhere: an
         // `@` in the path or a parameter (libpq reads it as the value's)
         // travels percent-encoded.
@@ -177,9 +179,6 @@ impl Target {
             let user = config.get_user().unwrap_or_default().to_owned();
             config.dbname(user);
         }
-        if config.get_ssl_mode() == SslMode::Prefer {
-            config.ssl_mode(SslMode::Disable);
-        }
         let hosts: Vec<String> = config
             .get_hosts()
             .iter()
@@ -202,6 +201,7 @@ impl Target {
             shown,
             name,
             identity,
+            tls,
         })
     }
 }
@@ -365,7 +365,14 @@ mod tests {
             ("postgresql://app:pw@db/app?lease=", "empty"),
             ("postgresql://app:pw@db/app?lease=a&lease=b", "twice"),
             ("postgresql://app:pw@db/app?lease=%zz", "percent"),
-            ("postgresql://app:pw@db/app?lease=x&sslmode=require", "TLS"),
+            (
+                "postgresql://app:pw@db/app?lease=x&sslmode=verify",
+                "not a mode",
+            ),
+            (
+                "postgresql://app:pw@db/app?lease=x&sslmode=allow&sslpassword=pw",
+                "encrypted",
+            ),
             ("postgresql://app:pw@db/app?lease=x&bogus=1", "not a valid"),
             ("postgresql://app:pw@db:notaport/app?lease=x", "not a valid"),
             ("postgresql://app:pw@db/app?lease=a%0Ab", "control"),

@@ -1,0 +1,175 @@
+//! PostgreSQL leases through a real, stock PgBouncer (the one
+//! `tests/pg/cluster start` runs: SIDELEASE_TEST_PGBOUNCER in session mode,
+//! _TX1 and _TX5 in transaction mode with pools of 1 and 5, _STMT in
+//! statement mode). Session mode just works; the others are refused with an
+//! error naming the pooler, and leave no lock behind on a pooled backend.
+#![cfg(feature = "postgres")]
+
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use sidelease::{inspect, ErrorKind, Lease, Options, State};
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!("{name} is not set: start a server with `eval \"$(bash tests/pg/cluster start)\"` (tests/run does)")
+    })
+}
+
+static N: AtomicU32 = AtomicU32::new(0);
+
+fn name() -> String {
+    format!(
+        "pool-{}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    )
+}
+
+fn via(var: &str, name: &str) -> String {
+    format!("{}?lease={name}", env(var))
+}
+
+/// Advisory locks the server's backends hold for this lease name, whoever
+/// holds them (asked as the superuser, directly).
+fn server_locks(name: &str) -> u32 {
+    let key = sidelease::pg::target::key_of(name);
+    let dir = env("SIDELEASE_TEST_PG_DIR");
+    let port = env("SIDELEASE_TEST_PG_PORT");
+    let psql = format!("{}/psql", env("SIDELEASE_TEST_PG_BIN"));
+    let sql = format!(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 \
+         AND classid = (({key}::bigint >> 32) & 4294967295)::oid AND objid = ({key}::bigint & 4294967295)::oid"
+    );
+    let mut cmd = if rustix::process::geteuid().is_root() {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(&psql);
+        c
+    } else {
+        Command::new(&psql)
+    };
+    let out = cmd
+        .args([
+            "-X", "-q", "-t", "-A", "-h", &dir, "-p", &port, "-U", "postgres", "-d", "app", "-c",
+            &sql,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
+
+#[test]
+fn session_mode_pgbouncer_with_its_defaults_just_works() {
+    let n = name();
+    let url = via("SIDELEASE_TEST_PGBOUNCER", &n);
+    let lease =
+        Lease::acquire(&url, &Options::new()).expect("acquire through session-mode PgBouncer");
+    assert_eq!(lease.generation(), Some(1));
+    // The server itself sees the lock held.
+    assert_eq!(server_locks(&n), 1);
+    let direct = format!("{}?lease={n}", env("SIDELEASE_TEST_PG"));
+    assert_eq!(
+        inspect(&direct, &Options::new()).unwrap().state,
+        State::Held
+    );
+    // Held across heartbeats.
+    std::thread::sleep(Duration::from_millis(2500));
+    lease
+        .ensure_held()
+        .expect("still held after heartbeats through PgBouncer");
+    lease.release().unwrap();
+    assert_eq!(server_locks(&n), 0);
+    let again = Lease::acquire(&url, &Options::new()).unwrap();
+    assert_eq!(again.generation(), Some(2));
+    assert_eq!(again.previous_released_cleanly(), Some(true));
+}
+
+#[test]
+fn transaction_and_statement_mode_poolers_are_refused_naming_the_pooler() {
+    for var in [
+        "SIDELEASE_TEST_PGBOUNCER_TX1",
+        "SIDELEASE_TEST_PGBOUNCER_TX5",
+        "SIDELEASE_TEST_PGBOUNCER_STMT",
+    ] {
+        // A quiet pool, one client: nothing else would ever show the
+        // pooler, and a second client would then be granted the same lock
+        // on the same pooled session.
+        for _ in 0..3 {
+            let n = name();
+            let e = Lease::acquire(via(var, &n), &Options::new())
+                .expect_err(&format!("{var}: acquired through a transaction pooler"));
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{var}: {e}");
+            let text = e.to_string();
+            assert!(
+                text.contains("pooler") && text.contains("session-mode"),
+                "{var}: {text}"
+            );
+            assert!(!text.contains("app-secret"), "{var}: {text}");
+            assert_eq!(
+                server_locks(&n),
+                0,
+                "{var}: a lock was left on a pooled backend"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_transaction_pooler_never_gives_two_holders_under_contention() {
+    // Two processes (this test's binary, again) attempting the same lease
+    // through a one-connection transaction pool, 1,000 times each: every
+    // attempt is refused, so no moment has two holders, and nothing is
+    // left locked.
+    if let Ok(n) = std::env::var("SIDELEASE_POOLER_CHILD") {
+        let url = via("SIDELEASE_TEST_PGBOUNCER_TX1", &n);
+        let mut got = 0;
+        for _ in 0..1000 {
+            if let Ok(l) = Lease::acquire(&url, &Options::new()) {
+                got += 1;
+                drop(l);
+            }
+        }
+        println!("ACQUIRED {got}");
+        return;
+    }
+    let n = name();
+    let me = std::env::current_exe().unwrap();
+    let children: Vec<_> = (0..2)
+        .map(|_| {
+            Command::new(&me)
+                .args([
+                    "--exact",
+                    "a_transaction_pooler_never_gives_two_holders_under_contention",
+                    "--nocapture",
+                ])
+                .env("SIDELEASE_POOLER_CHILD", &n)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outputs: Vec<_> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
+    for c in &outputs {
+        let out = String::from_utf8_lossy(&c.stdout);
+        assert!(
+            out.contains("ACQUIRED 0"),
+            "{out}{}",
+            String::from_utf8_lossy(&c.stderr)
+        );
+    }
+    assert_eq!(server_locks(&n), 0);
+}
