@@ -196,17 +196,17 @@ impl Settings {
             Some(v) => version(shown, "ssl_max_protocol_version", &v)?,
             None => 3,
         };
-        if min > max {
-            return Err(bad(
-                shown,
-                "ssl_min_protocol_version is above ssl_max_protocol_version",
-            ));
-        }
         if max < 2 {
             return Err(bad(
                 shown,
                 "ssl_max_protocol_version below TLSv1.2: this library speaks TLSv1.2 and TLSv1.3 \
                  only (the older versions are broken)",
+            ));
+        }
+        if min > max {
+            return Err(bad(
+                shown,
+                "ssl_min_protocol_version is above ssl_max_protocol_version",
             ));
         }
         Ok(Settings {
@@ -536,5 +536,12 @@ mod tests {
             assert!(e.contains(want), "{k}={v}: {e}");
             assert!(!e.contains("pw"), "{e}");
         }
+        let e = parse(&[
+            ("ssl_min_protocol_version", "TLSv1.3"),
+            ("ssl_max_protocol_version", "TLSv1.2"),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("min_protocol_version is above"), "{e}");
     }
 }
