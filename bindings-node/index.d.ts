@@ -72,6 +72,8 @@ export declare class Lease {
    * file cannot be put back yet (its directory is gone) it throws a SIDELEASE_IO error naming the path.
    */
   ensureHeld(): void;
+  /** As ensureHeld(); for a PostgreSQL lease, asks the server now (one round trip within the lease's bound). */
+  ensureHeldNow(): Promise<void>;
   /** Call `callback(message)` on this thread's event loop when the lease is lost; never keeps the loop alive. */
   onLost(callback: (message: string) => void): void;
   readonly released: boolean;

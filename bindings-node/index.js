@@ -260,6 +260,20 @@ class Lease {
     call(native.ensureHeld, this.#id);
   }
 
+  /**
+   * As ensureHeld(), and for a PostgreSQL lease ask the server now (one
+   * round trip within the lease's bound) instead of relying on the last
+   * heartbeat. Rejects with SIDELEASE_LOST, or SIDELEASE_IO when the answer
+   * did not come in time (not known yet).
+   */
+  async ensureHeldNow() {
+    try {
+      await native.ensureHeldNow(this.#id);
+    } catch (err) {
+      throw fromNative(err);
+    }
+  }
+
   /** Call `callback(message)` on this thread's event loop when the lease is lost. */
   onLost(callback) {
     if (typeof callback !== 'function') throw typeError('callback', 'a function', callback);

@@ -26,6 +26,12 @@ export declare function check(handle: number): string
 export declare function ensureHeld(handle: number): void
 
 /**
+ * Ask the server now (a PostgreSQL lease: one round trip, within its
+ * bound) off the event loop; a lease file as `ensure_held`.
+ */
+export declare function ensureHeldNow(handle: number): Promise<void>
+
+/**
  * Number this JS environment (index.js calls it once as it loads). A
  * worker's environment releases what it holds when it is torn down.
  */

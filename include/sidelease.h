@@ -437,6 +437,17 @@ sidelease_status sidelease_lease_state(const sidelease_lease *lease, sidelease_s
 sidelease_status sidelease_lease_ensure_held(const sidelease_lease *lease);
 
 /**
+ * As sidelease_lease_ensure_held(), and for a PostgreSQL lease ask the
+ * server now (one round trip, within the lease's bound: confirm_within in
+ * the URL, 1000 ms by default) rather than rely on the last heartbeat.
+ *
+ * Returns what sidelease_lease_ensure_held() returns; SIDELEASE_ERR_IO
+ * also when the server's answer did not come in time and the bound has
+ * not passed yet (not known yet: do not do the work).
+ */
+sidelease_status sidelease_lease_ensure_held_now(const sidelease_lease *lease);
+
+/**
  * A descriptor that turns readable (POLLIN) when the lease is lost, or
  * when its last handle is released, for the caller's event loop
  * (sidelease_lease_state() tells which); it stays readable from then on.

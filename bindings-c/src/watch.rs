@@ -75,6 +75,20 @@ pub unsafe extern "C" fn sidelease_lease_ensure_held(
     guard(|| Ok(non_null(lease, "lease")?.inner.ensure_held()?))
 }
 
+/// As sidelease_lease_ensure_held(), and for a PostgreSQL lease ask the
+/// server now (one round trip, within the lease's bound: confirm_within in
+/// the URL, 1000 ms by default) rather than rely on the last heartbeat.
+///
+/// Returns what sidelease_lease_ensure_held() returns; SIDELEASE_ERR_IO
+/// also when the server's answer did not come in time and the bound has
+/// not passed yet (not known yet: do not do the work).
+#[no_mangle]
+pub unsafe extern "C" fn sidelease_lease_ensure_held_now(
+    lease: *const sidelease_lease,
+) -> sidelease_status {
+    guard(|| Ok(non_null(lease, "lease")?.inner.ensure_held_now()?))
+}
+
 /// A descriptor that turns readable (POLLIN) when the lease is lost, or
 /// when its last handle is released, for the caller's event loop
 /// (sidelease_lease_state() tells which); it stays readable from then on.

@@ -455,6 +455,9 @@ static void test_watch_reanchors_and_signals_loss(void) {
     EXPECT(sidelease_lease_state(l, NULL), SIDELEASE_ERR_NULL_ARGUMENT);
     EXPECT(sidelease_lease_ensure_held(l), SIDELEASE_OK);
     EXPECT(sidelease_lease_ensure_held(NULL), SIDELEASE_ERR_NULL_ARGUMENT);
+    EXPECT(sidelease_lease_ensure_held_now(l), SIDELEASE_OK);
+    EXPECT(sidelease_lease_ensure_held_now(NULL), SIDELEASE_ERR_NULL_ARGUMENT);
+    CHECK(last_error_contains("lease"));
     EXPECT(sidelease_lease_lost_fd(l, &lfd), SIDELEASE_OK);
     CHECK(lfd >= 0 && !poll_readable(lfd, 0));
     EXPECT(sidelease_lease_lost_fd(l, NULL), SIDELEASE_ERR_NULL_ARGUMENT);
@@ -502,6 +505,7 @@ static void test_watch_reanchors_and_signals_loss(void) {
     EXPECT(sidelease_lease_state(l, &st), SIDELEASE_OK);
     CHECK(st == SIDELEASE_STATE_LOST);
     EXPECT(sidelease_lease_ensure_held(l), SIDELEASE_ERR_LOST);
+    EXPECT(sidelease_lease_ensure_held_now(l), SIDELEASE_ERR_LOST);
     char pid_text[32];
     snprintf(pid_text, sizeof pid_text, "%d", (int)rival);
     CHECK(last_error_contains(pid_text));

@@ -107,6 +107,14 @@ pub fn remove(id: u64) -> Option<Arc<sidelease::Lease>> {
 
 /// Run `f` on a held handle (outside the table's lock: it may wait for the
 /// lease's own), or fail naming a released one.
+/// The handle's lease, to use off this thread.
+pub fn shared(id: u64) -> Option<Arc<sidelease::Lease>> {
+    table()
+        .as_ref()
+        .and_then(|t| t.leases.get(&id))
+        .map(|(_, l)| l.clone())
+}
+
 pub fn get<T>(id: u64, f: impl FnOnce(&sidelease::Lease) -> Result<T>) -> Result<T> {
     let lease = table()
         .as_ref()

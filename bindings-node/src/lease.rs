@@ -263,6 +263,22 @@ pub fn ensure_held(handle: f64) -> Result<()> {
     handles::get(id(handle), |l| l.ensure_held().js())
 }
 
+/// Ask the server now (a PostgreSQL lease: one round trip, within its
+/// bound) off the event loop; a lease file as `ensure_held`.
+#[napi]
+pub async fn ensure_held_now(handle: f64) -> napi::Result<()> {
+    let Some(lease) = handles::shared(id(handle)) else {
+        return Err(napi::Error::new(
+            napi::Status::GenericFailure,
+            invalid("lease", "this lease handle was released").reason,
+        ));
+    };
+    tokio::task::spawn_blocking(move || lease.ensure_held_now())
+        .await
+        .map_err(|e| napi::Error::new(napi::Status::GenericFailure, e.to_string()))?
+        .map_err(crate::error::to_js_async)
+}
+
 /// Call `callback(message)` on this thread's event loop when the lease is
 /// lost. It never keeps the event loop alive.
 #[napi]

@@ -102,4 +102,35 @@ describe('PostgreSQL leases', () => {
     assert.throws(() => lease.ensureHeld(), (e) => e.code === 'SIDELEASE_LOST');
     lease.release();
   });
+
+  test('ensureHeldNow asks the server off the event loop, and says lost once a stalled server passes the bound', async () => {
+    const u = url();
+    const lease = sidelease.acquire(`${u}&confirm_within=500`);
+    for (let i = 0; i < 20; i++) await lease.ensureHeldNow();
+    const backend = Number(psql(`SELECT pid FROM pg_stat_activity
+      WHERE application_name LIKE 'sidelease ${process.pid}@% ${u.split('lease=')[1]}'`));
+    let ticks = 0;
+    const timer = setInterval(() => ticks++, 5);
+    process.kill(backend, 'SIGSTOP');
+    let took;
+    try {
+      const t = Date.now();
+      await assert.rejects(lease.ensureHeldNow(), (e) => e.code === 'SIDELEASE_LOST' && /did not confirm/.test(e.message));
+      took = Date.now() - t;
+    } finally {
+      process.kill(backend, 'SIGCONT');
+      clearInterval(timer);
+    }
+    assert.ok(took > 50 && took < 900, `${took} ms`);
+    assert.ok(ticks > 10, `the loop ticked ${ticks} times while the server was asked`);
+    assert.equal(lease.state, 'lost');
+    assert.throws(() => lease.ensureHeld(), (e) => e.code === 'SIDELEASE_LOST');
+    lease.release();
+    await assert.rejects(lease.ensureHeldNow(), (e) => e.code === 'SIDELEASE_INVALID_ARGUMENT' && /released/.test(e.message));
+  });
+
+  test('confirm_within out of range names the parameter', () => {
+    assert.throws(() => sidelease.acquire(`${url()}&confirm_within=5000`),
+      (e) => e.code === 'SIDELEASE_INVALID_ARGUMENT' && /confirm_within=5000: milliseconds, 100 to 4000/.test(e.message));
+  });
 });

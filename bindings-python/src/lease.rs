@@ -224,6 +224,15 @@ impl Lease {
         self.inner.ensure_held().py(py)
     }
 
+    /// As ensure_held(), and for a PostgreSQL lease ask the server now (one
+    /// round trip within the lease's bound, the GIL released) rather than
+    /// rely on the last heartbeat. LeaseOSError when the answer did not
+    /// come in time (not known yet).
+    fn ensure_held_now(&self, py: Python<'_>) -> PyResult<()> {
+        let inner = &self.inner;
+        py.detach(|| inner.ensure_held_now()).py(py)
+    }
+
     /// A descriptor that turns readable when the lease is lost or released
     /// (owned by the lease; for `wait_lost`).
     fn _lost_fd(&self, py: Python<'_>) -> PyResult<i32> {

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
@@ -173,3 +175,50 @@ def test_many_cancelled_waits_leave_nothing_on_the_server() -> None:
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_ensure_held_now_asks_the_server_and_agrees_with_the_rest() -> None:
+    url = _url()
+    lease = sidelease.acquire(url + "&confirm_within=500")
+    for _ in range(20):
+        lease.ensure_held_now()
+    backend = int(_psql("SELECT pid FROM pg_stat_activity "
+                        f"WHERE application_name LIKE 'sidelease {os.getpid()}@% {url.rsplit('lease=', 1)[1]}'"))
+    gaps: list[float] = []
+    done = threading.Event()
+
+    def tick() -> None:
+        last = time.monotonic()
+        while not done.is_set():
+            time.sleep(0.005)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+
+    th = threading.Thread(target=tick)
+    th.start()
+    # A stalled server answers nothing: ensure_held_now() says lost once the
+    # bound passed, and holds no GIL meanwhile.
+    os.kill(backend, signal.SIGSTOP)
+    try:
+        t = time.monotonic()
+        with pytest.raises(sidelease.LeaseLost, match="did not confirm"):
+            lease.ensure_held_now()
+        took = time.monotonic() - t
+    finally:
+        os.kill(backend, signal.SIGCONT)
+        done.set()
+        th.join()
+    assert 0.05 < took < 0.9, took
+    assert len(gaps) > 10 and max(gaps) < 0.2, (len(gaps), max(gaps))
+    assert lease.state == "lost"
+    with pytest.raises(sidelease.LeaseLost):
+        lease.ensure_held()
+    lease.release()
+    with pytest.raises(sidelease.InvalidArgument, match="released"):
+        lease.ensure_held_now()
+
+
+def test_confirm_within_out_of_range_names_the_parameter() -> None:
+    with pytest.raises(sidelease.InvalidArgument, match="confirm_within=50: milliseconds, 100 to 4000"):
+        sidelease.acquire(_url() + "&confirm_within=50")

@@ -441,8 +441,9 @@ impl Lease {
     /// Does the lease path still name a file this lease has locked?
     pub fn check(&self) -> Result<Check> {
         let s = self.live()?;
-        if s.pg.is_some() {
+        if let Some(link) = &s.pg {
             // No path to name the lock: the session is the lease.
+            crate::pg::expire(s, link);
             return match &s.state().phase {
                 Phase::Lost(l) => Err(Error::Lost(Box::new(l.clone()))),
                 _ => Ok(Check::Held),
@@ -472,6 +473,9 @@ impl Lease {
         if self.is_released() || !self.is_current() {
             return LeaseState::Released;
         }
+        if let Some(link) = &self.shared.pg {
+            crate::pg::expire(&self.shared, link);
+        }
         match &self.shared.state().phase {
             Phase::Held => LeaseState::Held,
             Phase::Lost(l) => LeaseState::Lost(l.clone()),
@@ -482,8 +486,13 @@ impl Lease {
     /// `Ok` while the lease is held and whole; [`Error::Lost`] once it was
     /// lost (and an invalid-argument error on a released handle). Call it
     /// before work that must only happen under the lease. A PostgreSQL lease
-    /// also counts as lost while the server has not answered its session for
-    /// 3 s (a paused process, a cut network), before the server may free it.
+    /// counts as lost, from then on, once the server has not confirmed its
+    /// session within its bound (`confirm_within`, 1 s by default; the
+    /// holder asks four times within it): a paused process or a cut network
+    /// cannot know whether an operator or a restart ended the session
+    /// meanwhile. Only the fencing check in the application's own
+    /// transaction closes that window; [`Lease::ensure_held_now`] narrows it
+    /// to one round trip.
     ///
     /// For a lease file it looks at the path itself (one `lstat`), so it
     /// never answers `Ok` while [`Lease::check`] would say the path names
@@ -521,6 +530,21 @@ impl Lease {
                 "the lease file is no longer at its path and could not be put back yet",
             ),
         ))
+    }
+
+    /// [`Lease::ensure_held`], and for a PostgreSQL lease ask the server
+    /// now (one round trip, within the lease's bound) rather than rely on
+    /// the last heartbeat. An I/O error if the answer did not come in time
+    /// and the bound has not passed yet (unknown, not lost).
+    pub fn ensure_held_now(&self) -> Result<()> {
+        let s = self.live()?;
+        if let Some(link) = &s.pg {
+            if let Phase::Lost(l) = &s.state().phase {
+                return Err(Error::Lost(Box::new(l.clone())));
+            }
+            return crate::pg::confirm_now(s, link);
+        }
+        self.ensure_held()
     }
 
     /// Does the lease path name a file this lease holds?

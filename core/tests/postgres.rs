@@ -588,6 +588,25 @@ fn a_network_cut_marks_the_holder_lost_before_the_server_frees_the_lease() {
     assert_eq!(l.state(), LeaseState::Held);
     let cut_at = Instant::now();
     p.cut.store(true, Ordering::SeqCst);
+    // ensure_held() may pass only within the bound (1 s) of the last
+    // confirmation, which was sent before the cut: never later.
+    let mut last_ok = None;
+    loop {
+        let asked = Instant::now();
+        match l.ensure_held() {
+            Ok(()) => last_ok = Some(asked - cut_at),
+            Err(e) => {
+                assert_eq!(e.kind(), ErrorKind::Lost, "{e}");
+                break;
+            }
+        }
+        assert!(cut_at.elapsed() < Duration::from_secs(5), "never lost");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let last_ok = last_ok.expect("ensure_held failed right at the cut");
+    assert!(last_ok <= Duration::from_millis(1002), "{last_ok:?}");
+    assert!(matches!(l.state(), LeaseState::Lost(_)));
+    assert_eq!(l.check().unwrap_err().kind(), ErrorKind::Lost);
     // A waiter straight to the server, in another process: it must get the
     // lease only after the server ended the old session, and after the
     // holder knew.
@@ -606,13 +625,64 @@ fn a_network_cut_marks_the_holder_lost_before_the_server_frees_the_lease() {
         .unwrap()
         .expect("the holder never learned it lost the lease")
         - cut_at;
-    eprintln!("network cut: holder lost after {lost:?}, waiter acquired after {acquired:?}");
-    assert!(lost <= Duration::from_millis(3500), "{lost:?}");
+    eprintln!(
+        "network cut: ensure_held last passed {last_ok:?} after it, holder lost after {lost:?}, \
+         waiter acquired after {acquired:?}"
+    );
+    assert!(lost <= Duration::from_millis(2000), "{lost:?}");
     assert!(lost < acquired, "lost {lost:?}, acquired {acquired:?}");
     // Releasing the lost lease over the cut network ends, and in time.
     let t = Instant::now();
     let _ = l.release();
     assert!(t.elapsed() < Duration::from_secs(8), "{:?}", t.elapsed());
+}
+
+/// Cut off by a partition while an operator ends its session, a holder
+/// cannot know: `ensure_held()` still passes within its bound, and a waiter
+/// already holds. `ensure_held_now()` asks the server and never passes.
+#[test]
+fn ensure_held_now_asks_the_server_across_a_partition() {
+    let _server = sharing_the_server();
+    let port = url_port(&env("SIDELEASE_TEST_PG"));
+    let p = proxy(format!("127.0.0.1:{port}"));
+    let direct = url();
+    let name = direct.rsplit_once("lease=").unwrap().1.to_owned();
+    let via = format!(
+        "postgresql://app:app-secret@127.0.0.1:{}/app?lease={name}&confirm_within=3000",
+        p.port
+    );
+    let l = Lease::acquire(&via, &once()).unwrap();
+    let t = Instant::now();
+    l.ensure_held_now().unwrap();
+    let asked = t.elapsed();
+    assert!(asked < Duration::from_millis(3000), "{asked:?}");
+    p.cut.store(true, Ordering::SeqCst);
+    let cut_at = Instant::now();
+    let killed = psql(&format!(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name LIKE 'sidelease {}@%' AND application_name LIKE '%{name}'",
+        std::process::id()
+    ));
+    assert_eq!(killed, "1");
+    let waiter = child_test("child_acquires_waiting", &direct)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&waiter.stdout);
+    assert!(text.contains("CHILD acquired 2 clean=false"), "{text}");
+    let waited = cut_at.elapsed();
+    assert!(waited < Duration::from_millis(2500), "{waited:?}");
+    // The window the bound leaves: the waiter holds, and ensure_held()
+    // cannot know yet.
+    assert_eq!(l.ensure_held().map_err(|e| e.kind()), Ok(()));
+    let t = Instant::now();
+    let e = l.ensure_held_now().unwrap_err();
+    let took = t.elapsed();
+    assert_eq!(e.kind(), ErrorKind::Lost, "{e}");
+    assert!(e.to_string().contains("did not confirm"), "{e}");
+    assert!(took <= Duration::from_millis(3300), "{took:?}");
+    assert!(cut_at.elapsed() <= Duration::from_millis(3500));
+    assert_eq!(l.ensure_held().unwrap_err().kind(), ErrorKind::Lost);
+    assert!(matches!(l.state(), LeaseState::Lost(_)));
+    let _ = l.release();
 }
 
 #[test]

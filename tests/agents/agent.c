@@ -445,7 +445,8 @@ int main(int argc, char **argv) {
             done();
         } else if (!strcmp(name, "acquire")) {
             acquire(line);
-        } else if (!strcmp(name, "release") || !strcmp(name, "check") || !strcmp(name, "ensure")) {
+        } else if (!strcmp(name, "release") || !strcmp(name, "check") || !strcmp(name, "ensure") ||
+                   !strcmp(name, "ensure_now")) {
             sidelease_lease *l = handle(line);
             if (!l) {
                 printf("{\"ok\":false,\"error\":{\"kind\":\"protocol\",\"message\":\"no such handle\"}}");
@@ -456,8 +457,9 @@ int main(int argc, char **argv) {
                 sidelease_status st = sidelease_lease_release(l);
                 if (st != SIDELEASE_OK) { error(st); continue; }
                 printf("{\"ok\":true}");
-            } else if (!strcmp(name, "ensure")) {
-                sidelease_status st = sidelease_lease_ensure_held(l);
+            } else if (!strcmp(name, "ensure") || !strcmp(name, "ensure_now")) {
+                sidelease_status st = !strcmp(name, "ensure") ? sidelease_lease_ensure_held(l)
+                                                              : sidelease_lease_ensure_held_now(l);
                 if (st != SIDELEASE_OK) { error(st); continue; }
                 printf("{\"ok\":true}");
             } else {

@@ -110,6 +110,8 @@ rl.on('line', (line) => {
       case 'release': handles.get(cmd.handle).release(); return say({ ok: true });
       case 'check': return say({ ok: true, check: handles.get(cmd.handle).check() });
       case 'ensure': handles.get(cmd.handle).ensureHeld(); return say({ ok: true });
+      case 'ensure_now':
+        return handles.get(cmd.handle).ensureHeldNow().then(() => say({ ok: true }), (e) => say(error(e)));
       case 'state': return say(state(handles.get(cmd.handle)));
       case 'wait_lost': return waitLost(handles.get(cmd.handle), 'timeout' in cmd ? cmd.timeout : 5);
       case 'inspect': {

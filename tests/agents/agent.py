@@ -216,6 +216,9 @@ def main() -> None:
             elif name == "ensure":
                 handles[cmd["handle"]].ensure_held()
                 say({"ok": True})
+            elif name == "ensure_now":
+                handles[cmd["handle"]].ensure_held_now()
+                say({"ok": True})
             elif name == "inspect":
                 say({"ok": True, "inspect": sidelease.inspect(cmd["target"], **({"suffix": cmd["suffix"]} if "suffix" in cmd else {}))})
             elif name == "exec_self":

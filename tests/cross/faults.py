@@ -338,7 +338,7 @@ def threads(soak: bool) -> str:
 def fork_storm(soak: bool) -> str:
     """Forks while another thread acquires and releases: no child may keep
     a descriptor of the lease file, and the parent acquires afterwards."""
-    forks = 20_000 if soak else 5_000
+    forks = 20_000 if soak else 2_000
     out = []
     for rt in IN_PROCESS:
         d = tempfile.mkdtemp(prefix="sidelease-forks-")
@@ -408,10 +408,10 @@ def crash_injection(soak: bool) -> str:
 
 
 def pg_mutual_exclusion(soak: bool) -> str:
-    """Ten processes, two of each runtime, each a thousand critical sections
-    under one PostgreSQL lease."""
+    """Ten processes, two of each runtime, each 400 critical sections (3000
+    with --soak) under one PostgreSQL lease."""
     import pg
-    return _run_stress(3000 if soak else 1000, 2, tamper=False, target=pg.lease_url("stress"))
+    return _run_stress(3000 if soak else 400, 2, tamper=False, target=pg.lease_url("stress"))
 
 
 def pg_first_use(soak: bool) -> str:

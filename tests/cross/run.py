@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from agents import CAPABILITIES, RECORD_RUNTIME, ROOT, RUNTIMES, Agent, HandshakeError, kill_pid  # noqa: E402
 import defence  # noqa: E402
 import faults  # noqa: E402
+import partition  # noqa: E402
 import pg  # noqa: E402
 
 SCENARIOS = ROOT / "tests" / "scenarios"
@@ -304,7 +305,7 @@ def main() -> int:
           f"(Node and Bun cannot exec or fork themselves) in {time.monotonic() - start:.1f}s", flush=True)
 
     if not args.no_faults and not args.only:
-        for name, check in faults.CHECKS + defence.CHECKS:
+        for name, check in faults.CHECKS + defence.CHECKS + partition.CHECKS:
             if args.check and args.check not in name:
                 continue
             t = time.monotonic()
@@ -312,9 +313,10 @@ def main() -> int:
                 summary = check(args.soak)
                 passed += 1
                 print(f"{name}: ok ({summary}) in {time.monotonic() - t:.1f}s", flush=True)
-            except (AssertionError, HandshakeError) as e:
+            except (AssertionError, HandshakeError, subprocess.CalledProcessError) as e:
                 failed += 1
-                print(f"FAIL {name}: {e}", flush=True)
+                detail = getattr(e, "stderr", "") or ""
+                print(f"FAIL {name}: {e} {detail}", flush=True)
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
 

@@ -8,6 +8,8 @@ export async function use(db: string): Promise<number | null> {
   const signal: AbortSignal = lease.signal;
   lease.release();
   const again = await acquireAsync(new URL(`file://${db}`), { timeout: null, signal });
+  const asked: Promise<void> = again.ensureHeldNow();
+  await asked;
   const info = inspect(db);
   const free: boolean = info.state === 'free';
   again.release();
@@ -27,6 +29,10 @@ export async function use(db: string): Promise<number | null> {
 
 // @ts-expect-error a lease comes from acquire(), never from its constructor
 new Lease();
+
+// @ts-expect-error ensureHeldNow() is asynchronous: its result is no boolean
+const now: boolean = acquire('app.db').ensureHeldNow();
+void now;
 
 // @ts-expect-error unknown options do not type-check (and are refused at run time)
 acquire('app.db', { timout: 5000 });

@@ -52,9 +52,9 @@ impl Conn {
 /// lock at most `ROW_LOCK_TIMEOUT` (an application's fencing transaction
 /// holds one `FOR SHARE`); only the blocking `pg_advisory_lock` gets the
 /// caller's own timeout. The server's keepalives (2 s idle, 3 probes 1 s
-/// apart) notice a silent client after 5 s, later than the holder notices
-/// (3 s); `tcp_user_timeout` is the system's (0), whatever a role set, so
-/// it cannot cut that short.
+/// apart) notice a silent client after 5 s, later than the holder gives up
+/// (its bound, `confirm_within`, at most 4 s); `tcp_user_timeout` is the
+/// system's (0), whatever a role set, so it cannot cut that short.
 pub(crate) const SESSION_SETTINGS: &str = "SET statement_timeout = 0; SET lock_timeout = 5000; \
      SET idle_in_transaction_session_timeout = 0; SET idle_session_timeout = 10000; \
      SET client_connection_check_interval = 1000; SET tcp_keepalives_idle = 2; \

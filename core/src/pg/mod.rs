@@ -237,24 +237,54 @@ pub(crate) fn inspect(target: &Path) -> Result<crate::Inspection> {
     inspect::inspect(url_of(target)?)
 }
 
-/// `Err(Lost)` when the server has not confirmed the lease's session for
-/// longer than the server waits before it may free the lock of a silent
-/// one: this process was paused or cut off, and must not act as the holder.
+/// Count the lease as lost once the server has not confirmed its session
+/// within the bound (`confirm_within`): this process was paused or cut off,
+/// and an operator or a restart may have ended the session meanwhile.
+#[cfg(feature = "postgres")]
+pub(crate) fn expire(s: &Shared, link: &Link) {
+    if link.confirmed.expired() {
+        s.mark_lost(crate::error::Lost {
+            lease_path: s.lease_path.clone(),
+            reason: format!(
+                "the server has not confirmed the lease's session for {:.1}s, more than its bound \
+                 of {:.1}s (this process was paused, or the server is unreachable); it may hold \
+                 the lease no longer",
+                link.confirmed.age().as_secs_f64(),
+                link.confirmed.bound().as_secs_f64()
+            ),
+            holders: Vec::new(),
+        });
+    }
+}
+
+/// `Err(Lost)` once the lease is lost, or its bound has passed.
 #[cfg(feature = "postgres")]
 pub(crate) fn check_confirmed(s: &Shared, link: &Link) -> Result<()> {
-    let age = link.confirmed.age();
-    if age <= session::UNCONFIRMED_LIMIT {
-        return Ok(());
+    expire(s, link);
+    match &s.state().phase {
+        crate::lease::Phase::Lost(l) => Err(Error::Lost(Box::new(l.clone()))),
+        _ => Ok(()),
     }
-    Err(Error::Lost(Box::new(crate::error::Lost {
-        lease_path: s.lease_path.clone(),
-        reason: format!(
-            "the server has not confirmed the lease's session for {:.1}s (this process was \
-             paused, or the server is unreachable); it may hold the lease no longer",
-            age.as_secs_f64()
-        ),
-        holders: Vec::new(),
-    })))
+}
+
+/// Ask the server now, one round trip within the bound.
+#[cfg(feature = "postgres")]
+pub(crate) fn confirm_now(s: &Shared, link: &Link) -> Result<()> {
+    check_confirmed(s, link)?;
+    match link.confirm_now() {
+        Some(_) => check_confirmed(s, link),
+        None => {
+            check_confirmed(s, link)?;
+            Err(Error::Io {
+                syscall: "heartbeat",
+                path: s.lease_path.clone(),
+                source: std::io::Error::other(
+                    "the lease's session did not answer in time; whether it is still held is \
+                     not known yet",
+                ),
+            })
+        }
+    }
 }
 
 /// The last release of a PostgreSQL lease in this process.
@@ -295,6 +325,14 @@ mod off {
     }
 
     pub(crate) fn after_fork_in_child() {}
+
+    pub(crate) fn expire(_: &Shared, link: &Link) {
+        match *link {}
+    }
+
+    pub(crate) fn confirm_now(_: &Shared, link: &Link) -> Result<()> {
+        match *link {}
+    }
 
     pub(crate) fn check_confirmed(_: &Shared, link: &Link) -> Result<()> {
         match *link {}

@@ -30,12 +30,9 @@ use crate::options::{Options, Wait};
 use crate::record::{Content, Record};
 use crate::registry;
 
-/// The holder's heartbeat: how often, and how long an answer may take.
-pub const HEARTBEAT: Duration = Duration::from_secs(1);
+/// How long a statement other than the heartbeat may wait for its answer
+/// (a release, the cancel of a wait).
 pub const HEARTBEAT_DEADLINE: Duration = Duration::from_secs(2);
-/// The server ends a lease session silent for this long (a holder that was
-/// cut off, or frozen).
-pub const SERVER_IDLE_LIMIT: Duration = Duration::from_secs(10);
 /// Between reconnections while waiting (the server restarting, say).
 const RECONNECT_PAUSE: Duration = Duration::from_millis(250);
 
@@ -58,6 +55,8 @@ pub const TABLE_DDL: &str = "CREATE TABLE IF NOT EXISTS sidelease_leases (\
 
 pub(crate) enum Cmd {
     Release(std::sync::mpsc::SyncSender<Result<()>>),
+    /// Ask the server now; answer whether it confirmed the session.
+    Confirm(std::sync::mpsc::SyncSender<bool>),
     /// The acquisition was given up (cancelled, timed out by its caller).
     Cancel,
     /// Another thread of this process holds the lease now: share it.
@@ -78,32 +77,71 @@ pub(crate) struct Link {
     pub confirmed: Arc<Confirmed>,
 }
 
-/// The time of the session's last answer from the server.
-#[derive(Default)]
-pub(crate) struct Confirmed(std::sync::atomic::AtomicU64);
+/// When the server last confirmed the session, and the bound past which the
+/// holder counts the lease as lost. A confirmation is dated when its
+/// statement was sent (the server's answer was true at some moment after
+/// that), and once the bound has passed nothing revives the lease.
+pub(crate) struct Confirmed {
+    at: std::sync::atomic::AtomicU64,
+    over: std::sync::atomic::AtomicBool,
+    bound: Duration,
+}
 
 impl Confirmed {
-    fn clock() -> u64 {
+    /// Milliseconds on a process-wide monotonic clock.
+    pub(crate) fn clock() -> u64 {
         static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
         BASE.get_or_init(Instant::now).elapsed().as_millis() as u64
     }
 
-    fn now(&self) {
-        self.0
-            .store(Self::clock(), std::sync::atomic::Ordering::Release);
+    pub(crate) fn new(bound: Duration, sent: u64) -> Confirmed {
+        Confirmed {
+            at: sent.into(),
+            over: false.into(),
+            bound,
+        }
     }
 
-    /// How long since the server last answered.
+    /// The server answered a statement sent at `sent`; `false` if the
+    /// bound had passed already (the answer changes nothing then).
+    fn answered(&self, sent: u64) -> bool {
+        if self.expired() {
+            return false;
+        }
+        self.at.fetch_max(sent, std::sync::atomic::Ordering::AcqRel);
+        true
+    }
+
+    /// How long since the last confirmation.
     pub(crate) fn age(&self) -> Duration {
-        let at = self.0.load(std::sync::atomic::Ordering::Acquire);
+        let at = self.at.load(std::sync::atomic::Ordering::Acquire);
         Duration::from_millis(Self::clock().saturating_sub(at))
     }
-}
 
-/// A session the server has not answered for this long may be gone (this
-/// process was paused, or the network is cut): `ensure_held` says lost.
-/// Shorter than the server's patience with a silent session (5 s at least).
-pub const UNCONFIRMED_LIMIT: Duration = Duration::from_secs(3);
+    pub(crate) fn bound(&self) -> Duration {
+        self.bound
+    }
+
+    /// Whether the bound has passed since the last confirmation; once it
+    /// has, for good.
+    pub(crate) fn expired(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        if self.over.load(Ordering::Acquire) {
+            return true;
+        }
+        if self.age() > self.bound {
+            self.over.store(true, Ordering::Release);
+            return true;
+        }
+        false
+    }
+
+    /// How often the holder asks: four times within the bound, so one slow
+    /// answer does not lose the lease.
+    fn interval(&self) -> Duration {
+        self.bound / 4
+    }
+}
 
 impl Drop for Link {
     fn drop(&mut self) {
@@ -129,6 +167,23 @@ impl Link {
             return Ok(());
         }
         answer.recv().unwrap_or(Ok(()))
+    }
+
+    /// Ask the server now (one round trip, within the bound): `Some(true)`
+    /// if it confirmed the session, `Some(false)` if the session is lost,
+    /// `None` if the lease's thread did not answer in time.
+    pub(crate) fn confirm_now(&self) -> Option<bool> {
+        if std::thread::current().id() == self.thread {
+            // A loss callback asking: the thread cannot answer itself.
+            return Some(!self.confirmed.expired());
+        }
+        let (reply, answer) = std::sync::mpsc::sync_channel(1);
+        if self.tx.send(Cmd::Confirm(reply)).is_err() {
+            return Some(false);
+        }
+        answer
+            .recv_timeout(self.confirmed.bound() + Duration::from_millis(200))
+            .ok()
     }
 }
 
@@ -287,7 +342,7 @@ impl Run {
                 _ = &mut sleep => return true,
                 cmd = self.rx.recv() => match cmd {
                     Some(Cmd::Share) => return true,
-                    Some(Cmd::Release(_)) => {}
+                    Some(Cmd::Release(_) | Cmd::Confirm(_)) => {}
                     Some(Cmd::Cancel) | None => return false,
                 },
             }
@@ -482,7 +537,7 @@ impl Run {
                 cmd = self.rx.recv(), if why.is_none() => {
                     why = match cmd {
                         Some(Cmd::Share) => Some(Step::Share),
-                        Some(Cmd::Release(_)) => continue,
+                        Some(Cmd::Release(_) | Cmd::Confirm(_)) => continue,
                         Some(Cmd::Cancel) | None => Some(Step::Cancelled),
                     };
                     give_up_at = tokio::time::Instant::now() + CANCEL_GRACE;
@@ -563,9 +618,10 @@ impl Run {
             conn.close().await;
             return;
         }
+        let sent = Confirmed::clock();
         match self.write_row(&conn, pid, table, waited).await {
             Ok((rec, previous, generation)) => {
-                self.hold(conn, rec, previous, generation, pid).await
+                self.hold(conn, rec, previous, generation, pid, sent).await
             }
             Err(e) => {
                 let _ = unlock(&conn.client, t.key).await;
@@ -688,6 +744,7 @@ impl Run {
         previous: Content,
         generation: i64,
         pid: i32,
+        sent: u64,
     ) {
         let t = self.target.clone();
         let shown = PathBuf::from(&t.shown);
@@ -698,9 +755,8 @@ impl Run {
             identity: t.identity.clone(),
             name: t.name.clone(),
             backend_pid: pid,
-            confirmed: Arc::new(Confirmed::default()),
+            confirmed: Arc::new(Confirmed::new(t.confirm_within, sent)),
         };
-        link.confirmed.now();
         let confirmed = link.confirmed.clone();
         let shared = Arc::new(Shared::new_pg(shown.clone(), rec, previous, link));
         let weak: Weak<Shared> = Arc::downgrade(&shared);
@@ -714,7 +770,8 @@ impl Run {
             conn.close().await;
             return;
         }
-        let mut next = tokio::time::Instant::now() + HEARTBEAT;
+        let mut next = tokio::time::Instant::now() + confirmed.interval();
+        let mut asked: Option<std::sync::mpsc::SyncSender<bool>> = None;
         let lost = loop {
             tokio::select! {
                 cmd = self.rx.recv() => match cmd {
@@ -731,6 +788,16 @@ impl Run {
                         conn.close().await;
                         return;
                     }
+                    Some(Cmd::Confirm(reply)) => match beat(&conn, pid, &confirmed).await {
+                        Ok(()) => {
+                            let _ = reply.send(true);
+                            next = tokio::time::Instant::now() + confirmed.interval();
+                        }
+                        Err(why) => {
+                            asked = Some(reply);
+                            break why;
+                        }
+                    },
                     Some(_) => {}
                 },
                 end = &mut conn.task => {
@@ -739,23 +806,10 @@ impl Run {
                         _ => "the server closed the lease's connection".to_owned(),
                     };
                 }
-                _ = tokio::time::sleep_until(next) => {
-                    match tokio::time::timeout(HEARTBEAT_DEADLINE, heartbeat(&conn.client, &conn.session)).await {
-                        Ok(Ok((now, true))) if now == pid => {
-                            confirmed.now();
-                            next = tokio::time::Instant::now() + HEARTBEAT;
-                        }
-                        Ok(Ok((now, _))) => break format!(
-                            "the heartbeat ran in another server session (pid {pid}, then {now}): a \
-                             transaction- or statement-mode pooler sits between this process and the \
-                             server, and the lock stayed with the old session"),
-                        Ok(Err(e)) => break format!("the lease's session failed: {}", describe(&e)),
-                        Err(_) => break format!(
-                            "the server did not answer the lease's heartbeat within {}s \
-                             (network cut or server stalled); it ends the session after {}s of silence",
-                            HEARTBEAT_DEADLINE.as_secs(), SERVER_IDLE_LIMIT.as_secs()),
-                    }
-                }
+                _ = tokio::time::sleep_until(next) => match beat(&conn, pid, &confirmed).await {
+                    Ok(()) => next = tokio::time::Instant::now() + confirmed.interval(),
+                    Err(why) => break why,
+                },
             }
         };
         // Close the connection first, so the server can end the session
@@ -769,6 +823,9 @@ impl Run {
                 holders: Vec::new(),
             });
         }
+        if let Some(reply) = asked {
+            let _ = reply.send(false);
+        }
         // Answer releases until the last handle goes.
         while let Some(cmd) = self.rx.recv().await {
             if let Cmd::Release(reply) = cmd {
@@ -776,6 +833,40 @@ impl Run {
                 return;
             }
         }
+    }
+}
+
+/// One heartbeat: the server must answer, from this connection's own
+/// session, before the bound passes; `Err` says why the lease is lost.
+async fn beat(conn: &Conn, pid: i32, confirmed: &Confirmed) -> std::result::Result<(), String> {
+    let bound = confirmed.bound().as_secs_f64();
+    let silent = || {
+        format!(
+            "the server did not confirm the lease's session within {bound:.1}s (network cut, \
+             server stalled or restarted, or this process paused); it may hold the lease no \
+             longer"
+        )
+    };
+    if confirmed.expired() {
+        return Err(silent());
+    }
+    let sent = Confirmed::clock();
+    let left = confirmed.bound().saturating_sub(confirmed.age());
+    match tokio::time::timeout(left, heartbeat(&conn.client, &conn.session)).await {
+        Ok(Ok((now, true))) if now == pid => {
+            if confirmed.answered(sent) {
+                Ok(())
+            } else {
+                Err(silent())
+            }
+        }
+        Ok(Ok((now, _))) => Err(format!(
+            "the heartbeat ran in another server session (pid {pid}, then {now}): a \
+             transaction- or statement-mode pooler sits between this process and the server, \
+             and the lock stayed with the old session"
+        )),
+        Ok(Err(e)) => Err(format!("the lease's session failed: {}", describe(&e))),
+        Err(_) => Err(silent()),
     }
 }
 

@@ -29,7 +29,17 @@ pub(crate) struct Target {
     /// and name (never the password).
     pub identity: String,
     pub tls: tls::Settings,
+    /// The holder's bound (`confirm_within`): past it without the server
+    /// confirming the session, the lease counts as lost.
+    pub confirm_within: std::time::Duration,
 }
+
+/// The default `confirm_within`, and its range: the server may end a silent
+/// session 5 s after its last statement, so the holder must have given up
+/// well before.
+pub const CONFIRM_DEFAULT_MS: u64 = 1000;
+pub const CONFIRM_MIN_MS: u64 = 100;
+pub const CONFIRM_MAX_MS: u64 = 4000;
 
 impl std::fmt::Debug for Target {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -96,6 +106,7 @@ impl Target {
         let mut passed: Vec<String> = Vec::new();
         let mut tls_given: Vec<(&str, String)> = Vec::new();
         let mut binding_given = false;
+        let mut confirm = std::time::Duration::from_millis(CONFIRM_DEFAULT_MS);
         for p in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = p.split_once('=').unwrap_or((p, ""));
             match k {
@@ -107,6 +118,21 @@ impl Target {
                 }
                 _ if tls::PARAMS.iter().any(|(t, _)| *t == k) => {
                     tls_given.push((k, percent_decode(v, k)?));
+                }
+                "confirm_within" => {
+                    let ms = v
+                        .parse::<u64>()
+                        .ok()
+                        .filter(|ms| (CONFIRM_MIN_MS..=CONFIRM_MAX_MS).contains(ms))
+                        .ok_or_else(|| {
+                            bad(format!(
+                                "{shown}: confirm_within={}: milliseconds, {CONFIRM_MIN_MS} to \
+                                 {CONFIRM_MAX_MS} (the server may end a silent session 5 s after \
+                                 its last answer; the holder must have counted it lost by then)",
+                                super::printable(v)
+                            ))
+                        })?;
+                    confirm = std::time::Duration::from_millis(ms);
                 }
                 "channel_binding" => {
                     binding_given = true;
@@ -202,6 +228,7 @@ impl Target {
             name,
             identity,
             tls,
+            confirm_within: confirm,
         })
     }
 }
@@ -269,6 +296,24 @@ mod tests {
         h.update(b"sidelease lease\0scheduler");
         let d = h.finalize();
         assert_eq!(k.to_be_bytes(), d[..8]);
+    }
+
+    #[test]
+    fn confirm_within_is_milliseconds_in_range() {
+        let t = Target::parse("postgresql://db/app?lease=x").unwrap();
+        assert_eq!(t.confirm_within, std::time::Duration::from_millis(1000));
+        let t = Target::parse("postgresql://db/app?lease=x&confirm_within=250").unwrap();
+        assert_eq!(t.confirm_within, std::time::Duration::from_millis(250));
+        for v in ["", "99", "4001", "1s", "-5", "1e3", "%00"] {
+            let e = Target::parse(&format!(
+                "postgresql://app:pw@db/app?lease=x&confirm_within={v}"
+            ))
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains("confirm_within="), "{v}: {e}");
+            assert!(e.contains("milliseconds, 100 to 4000"), "{v}: {e}");
+            assert!(!e.contains("pw@"), "{e}");
+        }
     }
 
     #[test]

@@ -76,8 +76,12 @@ fn run(cmd: &Value, handles: &mut HashMap<u64, Lease>, next: &mut u64, execs: u6
                 json!({"ok": false, "error": {"kind": "protocol", "message": "no such handle"}})
             }
         },
-        "ensure" => match handles.get(&handle()) {
-            Some(l) => match l.ensure_held() {
+        "ensure" | "ensure_now" => match handles.get(&handle()) {
+            Some(l) => match if name == "ensure" {
+                l.ensure_held()
+            } else {
+                l.ensure_held_now()
+            } {
                 Ok(()) => json!({"ok": true}),
                 Err(e) => error_json(&e),
             },
