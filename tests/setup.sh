@@ -19,6 +19,7 @@ have valgrind || { echo "setup: installing valgrind"; apt_install valgrind; }
 have pkg-config || { echo "setup: installing pkg-config"; apt_install pkg-config; }
 have cc || { echo "setup: installing gcc"; apt_install gcc; }
 have make || { echo "setup: installing make"; apt_install make; }
+have ip || { echo "setup: installing iproute2 (network namespaces for the partition checks)"; apt_install iproute2; }
 
 # Python: a virtualenv with the build and test tools (FastAPI and uvicorn
 # are example/test dependencies only).
