@@ -6,29 +6,15 @@
 #![cfg(feature = "postgres")]
 
 use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use sidelease::{inspect, ErrorKind, Lease, Options, State};
 
-fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| {
-        panic!("{name} is not set: start a server with `eval \"$(bash tests/pg/cluster start)\"` (tests/run does)")
-    })
-}
-
-static N: AtomicU32 = AtomicU32::new(0);
+mod common;
+use common::{env, psql};
 
 fn name() -> String {
-    format!(
-        "pool-{}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    )
+    common::unique("pool")
 }
 
 fn via(var: &str, name: &str) -> String {
@@ -39,33 +25,11 @@ fn via(var: &str, name: &str) -> String {
 /// holds them (asked as the superuser, directly).
 fn server_locks(name: &str) -> u32 {
     let key = sidelease::pg::target::key_of(name);
-    let dir = env("SIDELEASE_TEST_PG_DIR");
-    let port = env("SIDELEASE_TEST_PG_PORT");
-    let psql = format!("{}/psql", env("SIDELEASE_TEST_PG_BIN"));
     let sql = format!(
         "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 \
          AND classid = (({key}::bigint >> 32) & 4294967295)::oid AND objid = ({key}::bigint & 4294967295)::oid"
     );
-    let mut cmd = if rustix::process::geteuid().is_root() {
-        let mut c = Command::new("runuser");
-        c.args(["-u", "postgres", "--"]).arg(&psql);
-        c
-    } else {
-        Command::new(&psql)
-    };
-    let out = cmd
-        .args([
-            "-X", "-q", "-t", "-A", "-h", &dir, "-p", &port, "-U", "postgres", "-d", "app", "-c",
-            &sql,
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+    psql(&sql).parse().unwrap()
 }
 
 #[test]

@@ -7,7 +7,7 @@
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -15,11 +15,8 @@ use sidelease::{
     inspect, CancelToken, ErrorKind, Lease, LeaseState, Options, RecordStatus, State, Wait,
 };
 
-fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| {
-        panic!("{name} is not set: start a server with `eval \"$(bash tests/pg/cluster start)\"` (tests/run does)")
-    })
-}
+mod common;
+use common::{env, psql};
 
 /// A server restart ends every session: it runs alone.
 static SERVER: std::sync::RwLock<()> = std::sync::RwLock::new(());
@@ -28,63 +25,13 @@ fn sharing_the_server() -> std::sync::RwLockReadGuard<'static, ()> {
     SERVER.read().unwrap_or_else(|e| e.into_inner())
 }
 
-static N: AtomicU32 = AtomicU32::new(0);
-
 /// A lease name no other test (or earlier run) uses.
 fn fresh(base: &str) -> String {
-    format!(
-        "{base}?lease=t-{}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    )
+    format!("{base}?lease={}", common::unique("t"))
 }
 
 fn url() -> String {
     fresh(&env("SIDELEASE_TEST_PG"))
-}
-
-fn psql(sql: &str) -> String {
-    let dir = env("SIDELEASE_TEST_PG_DIR");
-    let port = url_port(&env("SIDELEASE_TEST_PG"));
-    let mut cmd = if rustix::process::geteuid().is_root() {
-        let mut c = Command::new("runuser");
-        c.args(["-u", "postgres", "--"])
-            .arg(format!("{}/psql", env("SIDELEASE_TEST_PG_BIN")));
-        c
-    } else {
-        Command::new(format!("{}/psql", env("SIDELEASE_TEST_PG_BIN")))
-    };
-    let out = cmd
-        .args([
-            "-X",
-            "-q",
-            "-t",
-            "-A",
-            "-v",
-            "ON_ERROR_STOP=1",
-            "-h",
-            &dir,
-            "-p",
-            &port,
-            "-U",
-            "postgres",
-            "-d",
-            "app",
-            "-c",
-            sql,
-        ])
-        .output()
-        .expect("psql");
-    assert!(
-        out.status.success(),
-        "psql {sql}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
 fn url_port(u: &str) -> String {

@@ -12,28 +12,14 @@
 
 use std::path::Path;
 use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
 
 use sidelease::{inspect, ErrorKind, Lease, Options};
 
-fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| {
-        panic!("{name} is not set: start a server with `eval \"$(bash tests/pg/cluster start)\"` (tests/run does)")
-    })
-}
-
-static N: AtomicU32 = AtomicU32::new(0);
+mod common;
+use common::{env, psql};
 
 fn name() -> String {
-    format!(
-        "tls-{}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    )
+    common::unique("tls")
 }
 
 fn pki(file: &str) -> String {
@@ -56,10 +42,10 @@ fn app(host: &str, params: &str) -> String {
     )
 }
 
-/// What the server says of the backend holding lease `url`: whether
-/// `pg_stat_ssl` shows it encrypted (and `inspect`, asked as the superuser
-/// who may see every session, says the same).
-fn server_says_encrypted(url: &str) -> bool {
+/// A column of `pg_stat_ssl` for the backend holding lease `url` (found
+/// by `inspect`, asked as the superuser who may see every session), and
+/// what that inspection says of encryption.
+fn stat_ssl(url: &str, column: &str) -> (String, Option<bool>) {
     let lease = url
         .split("lease=")
         .nth(1)
@@ -71,48 +57,23 @@ fn server_says_encrypted(url: &str) -> bool {
         "{}?lease={lease}&sslmode=disable",
         env("SIDELEASE_TEST_PG_ADMIN")
     );
-    let i = inspect(&admin, &Options::new()).unwrap();
-    let pid = i
+    let server = inspect(&admin, &Options::new())
+        .unwrap()
         .server
-        .as_ref()
-        .expect("the server shows a holder")
-        .backend_pid;
-    let dir = env("SIDELEASE_TEST_PG_DIR");
-    let psql = format!("{}/psql", env("SIDELEASE_TEST_PG_BIN"));
-    let mut cmd = if rustix::process::geteuid().is_root() {
-        let mut c = Command::new("runuser");
-        c.args(["-u", "postgres", "--"]).arg(&psql);
-        c
-    } else {
-        Command::new(&psql)
-    };
-    let out = cmd
-        .args([
-            "-X",
-            "-q",
-            "-t",
-            "-A",
-            "-h",
-            &dir,
-            "-p",
-            &port(),
-            "-U",
-            "postgres",
-            "-d",
-            "app",
-        ])
-        .arg("-c")
-        .arg(format!("SELECT ssl FROM pg_stat_ssl WHERE pid = {pid}"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let said = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        .expect("the server shows a holder");
+    let said = psql(&format!(
+        "SELECT {column} FROM pg_stat_ssl WHERE pid = {}",
+        server.backend_pid
+    ));
+    (said, server.encrypted)
+}
+
+/// Whether `pg_stat_ssl` shows the backend holding lease `url` encrypted
+/// (and `inspect` says the same).
+fn server_says_encrypted(url: &str) -> bool {
+    let (said, inspected) = stat_ssl(url, "ssl");
     assert_eq!(
-        i.server.unwrap().encrypted,
+        inspected,
         Some(said == "t"),
         "inspect and pg_stat_ssl differ"
     );
@@ -543,55 +504,7 @@ fn a_revocation_list_refuses_a_revoked_server_certificate() {
 
 #[test]
 fn protocol_versions_sni_and_requiressl_as_libpq_has_them() {
-    let version = |url: &str| -> String {
-        let lease = url
-            .split("lease=")
-            .nth(1)
-            .unwrap()
-            .split('&')
-            .next()
-            .unwrap();
-        let admin = format!(
-            "{}?lease={lease}&sslmode=disable",
-            env("SIDELEASE_TEST_PG_ADMIN")
-        );
-        let pid = inspect(&admin, &Options::new())
-            .unwrap()
-            .server
-            .unwrap()
-            .backend_pid;
-        let dir = env("SIDELEASE_TEST_PG_DIR");
-        let psql = format!("{}/psql", env("SIDELEASE_TEST_PG_BIN"));
-        let mut cmd = if rustix::process::geteuid().is_root() {
-            let mut c = Command::new("runuser");
-            c.args(["-u", "postgres", "--"]).arg(&psql);
-            c
-        } else {
-            Command::new(&psql)
-        };
-        let out = cmd
-            .args([
-                "-X",
-                "-q",
-                "-t",
-                "-A",
-                "-h",
-                &dir,
-                "-p",
-                &port(),
-                "-U",
-                "postgres",
-                "-d",
-                "app",
-            ])
-            .arg("-c")
-            .arg(format!(
-                "SELECT coalesce(version, 'none') FROM pg_stat_ssl WHERE pid = {pid}"
-            ))
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
-    };
+    let version = |url: &str| stat_ssl(url, "coalesce(version, 'none')").0;
     let ca = pki("ca.crt");
     for (params, want) in [
         ("&ssl_max_protocol_version=TLSv1.2", "TLSv1.2"),

@@ -1,0 +1,64 @@
+//! What the PostgreSQL test files share: the test cluster's variables
+//! (`tests/pg/cluster start`; tests/run exports them), lease names no other
+//! test or earlier run uses, and psql as the superuser.
+#![allow(dead_code)] // each test binary uses its own part
+
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+pub fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!("{name} is not set: start a server with `eval \"$(bash tests/pg/cluster start)\"` (tests/run does)")
+    })
+}
+
+static N: AtomicU32 = AtomicU32::new(0);
+
+/// `PREFIX-PID-N-NANOS`: unique within this run and across runs.
+pub fn unique(prefix: &str) -> String {
+    format!(
+        "{prefix}-{}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    )
+}
+
+/// One statement as the superuser over the cluster's Unix socket (as the
+/// `postgres` user when the tests run as root): its output, trimmed.
+pub fn psql(sql: &str) -> String {
+    let exe = format!("{}/psql", env("SIDELEASE_TEST_PG_BIN"));
+    let mut cmd = if rustix::process::geteuid().is_root() {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(&exe);
+        c
+    } else {
+        Command::new(&exe)
+    };
+    let (dir, port) = (env("SIDELEASE_TEST_PG_DIR"), env("SIDELEASE_TEST_PG_PORT"));
+    let out = cmd
+        .args([
+            "-X",
+            "-q",
+            "-t",
+            "-A",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-h",
+            &dir,
+            "-p",
+            &port,
+        ])
+        .args(["-U", "postgres", "-d", "app", "-c", sql])
+        .output()
+        .expect("psql");
+    assert!(
+        out.status.success(),
+        "psql {sql}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
