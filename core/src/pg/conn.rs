@@ -193,9 +193,15 @@ async fn startup(
         error,
         retry: false,
     };
-    let (sock, host) = socket::connect(cfg, timeout)
-        .await
-        .map_err(|e| hard(io_error(target, "connect", crate::error::os_message(&e))))?;
+    let (sock, host) = socket::connect(cfg, timeout).await.map_err(|source| {
+        // The system's error itself, so its errno reaches the caller
+        // (EMFILE, ECONNREFUSED), not one made of its text.
+        hard(Error::Io {
+            syscall: "connect",
+            path: PathBuf::from(&target.shown),
+            source,
+        })
+    })?;
     let ends = sock.tcp_ends();
     // No TLS over a Unix socket (as libpq).
     let connector = match (&host, mode) {

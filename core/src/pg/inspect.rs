@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
-use super::conn::{self, io_error, pg_error};
+use super::conn::{self, pg_error};
 use super::local;
 use super::target::Target;
 use crate::error::Result;
@@ -81,7 +81,9 @@ pub(crate) fn inspect(url: &str) -> Result<Inspection> {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
-                .map_err(|e| io_error(&t, "tokio runtime", e.to_string()))?;
+                .map_err(|e| {
+                    crate::Error::io("tokio runtime", std::path::Path::new(&t.shown), e)
+                })?;
             rt.block_on(run(&t))
         })
         .map_err(|e| crate::Error::io("pthread_create", std::path::Path::new(&shown), e))?

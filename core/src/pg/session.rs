@@ -8,7 +8,7 @@
 //! server can give it to anyone else (≥ 5 s).
 
 use std::mem::ManuallyDrop;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -250,7 +250,7 @@ pub(crate) fn spawn(
             match rt {
                 Ok(rt) => rt.block_on(run.main()),
                 Err(e) => {
-                    let err = io_error(&run.target, "tokio runtime", e.to_string());
+                    let err = Error::io("tokio runtime", Path::new(&run.target.shown), e);
                     run.slot.finish(Err(err));
                 }
             }
@@ -265,6 +265,17 @@ impl Run {
             Wait::NoWait => Some(self.started),
             Wait::Timeout(d) => self.started.checked_add(d),
             Wait::Forever => None,
+        }
+    }
+
+    /// How long connecting, or the first statement, may take: the
+    /// caller's time left when that is shorter than `CONNECT_TIMEOUT`.
+    fn patience(&self) -> Duration {
+        match (self.opts.wait, self.deadline()) {
+            (Wait::Timeout(_), Some(d)) => d
+                .saturating_duration_since(Instant::now())
+                .clamp(Duration::from_millis(1), CONNECT_TIMEOUT),
+            _ => CONNECT_TIMEOUT,
         }
     }
 
@@ -285,7 +296,20 @@ impl Run {
             }
             self.prepared = None;
             self.probed = false;
-            let conn = match open(&self.target, None).await {
+            let patience = self.patience();
+            let opened = tokio::time::timeout(patience, open(&self.target, None))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(io_error(
+                        &self.target,
+                        "connect",
+                        format!(
+                            "the server did not answer within {:.1}s",
+                            patience.as_secs_f64()
+                        ),
+                    ))
+                });
+            let conn = match opened {
                 Ok(c) => c,
                 Err(e) => {
                     if connected_once && self.opts.wait != Wait::NoWait && self.time_left() {
@@ -359,6 +383,16 @@ impl Run {
         }
     }
 
+    /// How long the holder row's write may wait for a row lock (an
+    /// application's fencing transaction holding it): as long as the
+    /// caller waits; `ROW_LOCK_TIMEOUT` for one attempt.
+    fn row_lock_ms(&self) -> String {
+        match self.opts.wait {
+            Wait::NoWait => ROW_LOCK_TIMEOUT.into(),
+            Wait::Timeout(_) | Wait::Forever => self.lock_timeout_ms(),
+        }
+    }
+
     async fn attempt(&mut self, conn: &Conn) -> Step {
         loop {
             match self.attempt_once(conn).await {
@@ -407,15 +441,16 @@ impl Run {
                            inet_server_addr() IS NOT DISTINCT FROM NULLIF($7, '')::inet) AS direct) pre"
         );
         let first = c.query_typed(&sql, &params);
-        let first = match tokio::time::timeout(CONNECT_TIMEOUT, first).await {
+        let patience = self.patience();
+        let first = match tokio::time::timeout(patience, first).await {
             Ok(r) => r,
             Err(_) => {
                 return Step::Broken(io_error(
                     t,
                     "query",
                     format!(
-                        "the server did not answer within {}s",
-                        CONNECT_TIMEOUT.as_secs()
+                        "the server did not answer within {:.1}s",
+                        patience.as_secs_f64()
                     ),
                 ))
             }
@@ -674,8 +709,8 @@ impl Run {
                 None => c.query_typed(UPSERT, &params).await,
             }
         };
-        let rows = if waited {
-            let (reset, rows) = in_order(set_lock_timeout(c, ROW_LOCK_TIMEOUT), upsert).await;
+        let rows = if waited || self.opts.wait != Wait::NoWait {
+            let (reset, rows) = in_order(set_lock_timeout(c, &self.row_lock_ms()), upsert).await;
             reset.map_err(|e| pg_error(t, "query", &e))?;
             rows
         } else {
@@ -684,6 +719,23 @@ impl Run {
         let row = match rows {
             Ok(mut r) if r.len() == 1 => r.remove(0),
             Ok(_) => return Err(io_error(t, "insert", "the server answered no row")),
+            Err(e)
+                if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE)
+                    && self.opts.wait != Wait::NoWait =>
+            {
+                return Err(Error::Timeout(Box::new(Contention {
+                    target: PathBuf::from(&t.shown),
+                    lease_path: PathBuf::from(&t.shown),
+                    holder: None,
+                    holders: Vec::new(),
+                    record_note: Some(format!(
+                        "a transaction, an application's fencing check, kept the lease's row \
+                         in {TABLE} locked FOR SHARE for the rest of the wait; the lock itself \
+                         was free"
+                    )),
+                    waited: self.started.elapsed(),
+                })))
+            }
             Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) => {
                 let other: Option<String> = c
                     .query_typed(

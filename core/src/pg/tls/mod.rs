@@ -234,15 +234,9 @@ impl Settings {
                 Some(system_roots().map_err(&bad)?),
                 "the system's roots".into(),
             ),
-            Root::File(p) => (
-                load_roots(p, self.mode).map_err(&bad)?,
-                p.display().to_string(),
-            ),
+            Root::File(p) => (load_roots(p, self.mode, shown)?, p.display().to_string()),
             Root::Default => match home().map(|h| h.join(".postgresql/root.crt")) {
-                Some(p) => (
-                    load_roots(&p, self.mode).map_err(&bad)?,
-                    p.display().to_string(),
-                ),
+                Some(p) => (load_roots(&p, self.mode, shown)?, p.display().to_string()),
                 None if self.mode == Mode::VerifyCa || self.mode == Mode::VerifyFull => {
                     return Err(bad(no_root("~/.postgresql/root.crt")))
                 }
@@ -265,7 +259,7 @@ impl Settings {
                 let mut b = WebPkiServerVerifier::builder_with_provider(roots, provider.clone());
                 if let Some(p) = &self.crl {
                     b = b
-                        .with_crls(load_crls(p).map_err(&bad)?)
+                        .with_crls(load_crls(p, shown)?)
                         .only_check_end_entity_revocation();
                 }
                 let full = b.build().map_err(|e| bad(format!("sslrootcert: {e}")))?;
@@ -279,7 +273,7 @@ impl Settings {
         let builder = builder
             .dangerous()
             .with_custom_certificate_verifier(verifier);
-        let mut config = match self.client_identity().map_err(&bad)? {
+        let mut config = match self.client_identity(shown)? {
             Some((certs, key)) => builder
                 .with_client_auth_cert(certs, key)
                 .map_err(|e| bad(format!("sslcert/sslkey: {e}")))?,
@@ -313,8 +307,8 @@ impl Settings {
     /// The client certificate chain and key, if there is one to present.
     fn client_identity(
         &self,
-    ) -> std::result::Result<Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>, String>
-    {
+        shown: &str,
+    ) -> Result<Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>> {
         let home = home();
         let cert = match (&self.cert, &home) {
             (Some(p), _) => p.clone(),
@@ -325,37 +319,55 @@ impl Settings {
         let cert_pem = match std::fs::read(&cert) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(format!("sslcert {}: {e}", cert.display())),
+            Err(e) => return Err(Error::io("read sslcert", &cert, e)),
         };
         let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&cert_pem)
             .collect::<std::result::Result<_, _>>()
-            .map_err(|e| format!("sslcert {}: not PEM certificates ({e})", cert.display()))?;
+            .map_err(|e| {
+                bad(
+                    shown,
+                    format!("sslcert {}: not PEM certificates ({e})", cert.display()),
+                )
+            })?;
         if certs.is_empty() {
-            return Err(format!("sslcert {}: no certificate in it", cert.display()));
+            return Err(bad(
+                shown,
+                format!("sslcert {}: no certificate in it", cert.display()),
+            ));
         }
         let key = match (&self.key, &home) {
             (Some(p), _) => p.clone(),
             (None, Some(h)) => h.join(".postgresql/postgresql.key"),
-            (None, None) => return Err("sslcert is given but sslkey is not".into()),
+            (None, None) => return Err(bad(shown, "sslcert is given but sslkey is not")),
         };
         let meta = std::fs::metadata(&key).map_err(|e| {
-            format!(
-                "certificate {} present, but not its private key {}: {e}",
-                cert.display(),
-                key.display()
+            bad(
+                shown,
+                format!(
+                    "certificate {} present, but not its private key {}: {e}",
+                    cert.display(),
+                    key.display()
+                ),
             )
         })?;
-        check_key_mode(&key, &meta)?;
-        let key_pem = std::fs::read(&key).map_err(|e| format!("sslkey {}: {e}", key.display()))?;
+        check_key_mode(&key, &meta).map_err(|m| bad(shown, m))?;
+        let key_pem = std::fs::read(&key).map_err(|e| Error::io("read sslkey", &key, e))?;
         if key_pem.windows(9).any(|w| w == b"ENCRYPTED") {
-            return Err(format!(
+            return Err(bad(
+                shown,
+                format!(
                 "sslkey {}: the key is encrypted, which this library does not support; decrypt \
                  it (openssl pkey -in KEY -out KEY.plain) and keep it readable by this user only",
                 key.display()
+            ),
             ));
         }
-        let der = PrivateKeyDer::from_pem_slice(&key_pem)
-            .map_err(|e| format!("sslkey {}: not a PEM private key ({e})", key.display()))?;
+        let der = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| {
+            bad(
+                shown,
+                format!("sslkey {}: not a PEM private key ({e})", key.display()),
+            )
+        })?;
         Ok(Some((certs, der)))
     }
 }
@@ -408,41 +420,51 @@ fn provider() -> Arc<CryptoProvider> {
 
 /// The roots in a PEM file; `None` where the file is not there and the mode
 /// does not ask for verification (libpq then checks nothing).
-fn load_roots(path: &Path, mode: Mode) -> std::result::Result<Option<Arc<RootCertStore>>, String> {
+/// A file that cannot be read is an I/O error naming it (the system's errno);
+/// one that holds no roots is the setting's problem.
+fn load_roots(path: &Path, mode: Mode, shown: &str) -> Result<Option<Arc<RootCertStore>>> {
     let pem = match std::fs::read(path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return match mode {
-                Mode::VerifyCa | Mode::VerifyFull => Err(no_root(&path.display().to_string())),
+                Mode::VerifyCa | Mode::VerifyFull => {
+                    Err(bad(shown, no_root(&path.display().to_string())))
+                }
                 _ => Ok(None),
             }
         }
-        Err(e) => return Err(format!("sslrootcert {}: {e}", path.display())),
+        Err(e) => return Err(Error::io("read sslrootcert", path, e)),
     };
     let mut store = RootCertStore::empty();
     let (added, _) = store.add_parsable_certificates(
         CertificateDer::pem_slice_iter(&pem).filter_map(std::result::Result::ok),
     );
     if added == 0 {
-        return Err(format!(
-            "sslrootcert {}: no certificate this library can read in it",
-            path.display()
+        return Err(bad(
+            shown,
+            format!(
+                "sslrootcert {}: no certificate this library can read in it",
+                path.display()
+            ),
         ));
     }
     Ok(Some(Arc::new(store)))
 }
 
-fn load_crls(
-    path: &Path,
-) -> std::result::Result<Vec<CertificateRevocationListDer<'static>>, String> {
-    let pem = std::fs::read(path).map_err(|e| format!("sslcrl {}: {e}", path.display()))?;
+fn load_crls(path: &Path, shown: &str) -> Result<Vec<CertificateRevocationListDer<'static>>> {
+    let pem = std::fs::read(path).map_err(|e| Error::io("read sslcrl", path, e))?;
     let crls: Vec<_> = CertificateRevocationListDer::pem_slice_iter(&pem)
         .collect::<std::result::Result<_, _>>()
-        .map_err(|e| format!("sslcrl {}: not PEM revocation lists ({e})", path.display()))?;
+        .map_err(|e| {
+            bad(
+                shown,
+                format!("sslcrl {}: not PEM revocation lists ({e})", path.display()),
+            )
+        })?;
     if crls.is_empty() {
-        return Err(format!(
-            "sslcrl {}: no revocation list in it",
-            path.display()
+        return Err(bad(
+            shown,
+            format!("sslcrl {}: no revocation list in it", path.display()),
         ));
     }
     Ok(crls)
