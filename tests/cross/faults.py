@@ -362,7 +362,7 @@ def crash_injection(soak: bool) -> str:
     """SIGKILL holders at random moments (the churn loop spends much of its
     time writing records); after each kill a contender must acquire within
     a bounded time and never take a torn record for a valid one."""
-    kills = 2_500 if soak else 500
+    kills = 2_500 if soak else 300
     d = tempfile.mkdtemp(prefix="sidelease-crash-")
     db, counter, owner = _prepare(d)
     rnd = random.Random(11)
@@ -408,10 +408,10 @@ def crash_injection(soak: bool) -> str:
 
 
 def pg_mutual_exclusion(soak: bool) -> str:
-    """Ten processes, two of each runtime, each 400 critical sections (3000
+    """Ten processes, two of each runtime, each 300 critical sections (3000
     with --soak) under one PostgreSQL lease."""
     import pg
-    return _run_stress(3000 if soak else 400, 2, tamper=False, target=pg.lease_url("stress"))
+    return _run_stress(3000 if soak else 300, 2, tamper=False, target=pg.lease_url("stress"))
 
 
 def pg_first_use(soak: bool) -> str:

@@ -293,7 +293,7 @@ def role_tcp_user_timeout(soak: bool) -> str:
     freed only once the holder counted it lost (its socket's close reaches
     the server): no moment with two holders."""
     runs = [window(nothing, (False, True), role_sql="ALTER ROLE app SET tcp_user_timeout = 500")
-            for _ in range(3 if soak else 2)]
+            for _ in range(3 if soak else 1)]
     for r in runs:
         assert r["window"] == 0.0, r
     return report(runs)
