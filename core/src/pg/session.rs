@@ -384,12 +384,14 @@ impl Run {
     }
 
     /// How long the holder row's write may wait for a row lock (an
-    /// application's fencing transaction holding it): as long as the
-    /// caller waits; `ROW_LOCK_TIMEOUT` for one attempt.
+    /// application's fencing transaction holding it): the caller's time
+    /// left; `ROW_LOCK_TIMEOUT` without a limit or for one attempt, since
+    /// the advisory lock is held meanwhile and a caller who gives up must
+    /// not leave it held behind a stuck transaction.
     fn row_lock_ms(&self) -> String {
         match self.opts.wait {
-            Wait::NoWait => ROW_LOCK_TIMEOUT.into(),
-            Wait::Timeout(_) | Wait::Forever => self.lock_timeout_ms(),
+            Wait::Timeout(_) => self.lock_timeout_ms(),
+            Wait::NoWait | Wait::Forever => ROW_LOCK_TIMEOUT.into(),
         }
     }
 
@@ -719,10 +721,18 @@ impl Run {
         let row = match rows {
             Ok(mut r) if r.len() == 1 => r.remove(0),
             Ok(_) => return Err(io_error(t, "insert", "the server answered no row")),
-            Err(e)
-                if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE)
-                    && self.opts.wait != Wait::NoWait =>
-            {
+            Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                if !matches!(self.opts.wait, Wait::Timeout(_)) {
+                    return Err(io_error(
+                        t,
+                        "insert",
+                        format!(
+                            "a transaction, an application's fencing check, kept the lease's \
+                             row in {TABLE} locked FOR SHARE for over {ROW_LOCK_TIMEOUT} ms; \
+                             the lock itself was free"
+                        ),
+                    ));
+                }
                 return Err(Error::Timeout(Box::new(Contention {
                     target: PathBuf::from(&t.shown),
                     lease_path: PathBuf::from(&t.shown),
@@ -734,7 +744,7 @@ impl Run {
                          was free"
                     )),
                     waited: self.started.elapsed(),
-                })))
+                })));
             }
             Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) => {
                 let other: Option<String> = c
