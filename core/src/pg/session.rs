@@ -88,10 +88,10 @@ pub(crate) struct Confirmed {
 }
 
 impl Confirmed {
-    /// Milliseconds on a process-wide monotonic clock.
+    /// Milliseconds on a clock that counts suspended time too (a paused VM
+    /// must find its bound passed).
     pub(crate) fn clock() -> u64 {
-        static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-        BASE.get_or_init(Instant::now).elapsed().as_millis() as u64
+        crate::platform::clock::boot_ms()
     }
 
     pub(crate) fn new(bound: Duration, sent: u64) -> Confirmed {

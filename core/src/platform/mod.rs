@@ -7,6 +7,8 @@
 #[cfg(not(target_os = "linux"))]
 compile_error!("sidelease is built and tested on Linux only; see DESIGN §11");
 
+#[cfg(feature = "postgres")]
+pub(crate) mod clock;
 pub mod fskind;
 pub mod locks;
 pub mod mounts;
