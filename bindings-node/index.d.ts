@@ -124,6 +124,8 @@ export interface Inspection {
   unattributed: number;
   /** A PostgreSQL lease's holding session (`pg_locks` + `pg_stat_activity`); null for a file lease or a free one. */
   server: { backendPid: number; clientAddr: string | null; applicationName: string | null; encrypted: boolean | null } | null;
+  /** The platform the answer came from, and what it could not ask the kernel (a portable answer stood in). */
+  platform: { implementation: 'linux' | 'portable'; unavailable: ('lock-table' | 'descriptors' | 'file-events')[] };
 }
 
 export type SideleaseErrorCode =

@@ -147,7 +147,7 @@ extern "C" {
  * acquire uses it.
  *
  * Returns SIDELEASE_OK, SIDELEASE_ERR_NULL_ARGUMENT or SIDELEASE_ERR_IO
- * (no eventfd could be made).
+ * (no descriptor could be made).
  */
 sidelease_status sidelease_cancel_new(sidelease_cancel **out);
 
@@ -207,15 +207,18 @@ sidelease_status sidelease_last_holder_pids(uint32_t *pids, size_t len, size_t *
 sidelease_status sidelease_strerror(int32_t status, char *buf, size_t len, size_t *written);
 
 /**
- * Inspect the lease of `target` without taking, blocking or disturbing it.
+ * Inspect the lease of `target` without holding or blocking it (where the
+ * kernel's lock table is missing or names no holder, a shared lock is taken
+ * and let go at once; an acquirer's attempt in that moment looks once more).
  * `suffix` may be NULL for the default. `*out` receives a JSON object
  * (keys target, lease_path, state, holders, record, record_status,
  * orphans: former lease files held by a process that does not hold the
  * file at the path; former: those the current holder keeps since it put
- * the file back; unattributed, and server: for a PostgreSQL target the session
+ * the file back; unattributed; server: for a PostgreSQL target the session
  * holding it, {backend_pid, client_addr, application_name, encrypted}, else
- * null) to
- * free with sidelease_string_free().
+ * null; platform: {implementation: "linux" or "portable", unavailable: the
+ * kernel's answers it could not have, of "lock-table", "descriptors",
+ * "file-events"}) to free with sidelease_string_free().
  *
  * Returns SIDELEASE_OK, SIDELEASE_ERR_NULL_ARGUMENT,
  * SIDELEASE_ERR_INVALID_ARGUMENT or SIDELEASE_ERR_IO.

@@ -15,14 +15,14 @@ pub struct sidelease_cancel {
 /// acquire uses it.
 ///
 /// Returns SIDELEASE_OK, SIDELEASE_ERR_NULL_ARGUMENT or SIDELEASE_ERR_IO
-/// (no eventfd could be made).
+/// (no descriptor could be made).
 #[no_mangle]
 pub unsafe extern "C" fn sidelease_cancel_new(out: *mut *mut sidelease_cancel) -> sidelease_status {
     guard(|| {
         non_null_mut(out, "out")?;
         let token = CancelToken::new().map_err(|e| {
             FfiError::Core(sidelease_core::Error::Io {
-                syscall: "eventfd",
+                syscall: sidelease_core::platform::wakefd::WakeFd::CALL,
                 path: "(cancel token)".into(),
                 source: e,
             })

@@ -81,7 +81,7 @@ describe('acquire', () => {
     const db = path.join(tmpdir(), 'app.db');
     const i = sidelease.inspect(db);
     assert.deepEqual(Object.keys(i).sort(), [
-      'former', 'holders', 'leasePath', 'orphans', 'record', 'recordStatus', 'server', 'state', 'target', 'unattributed',
+      'former', 'holders', 'leasePath', 'orphans', 'platform', 'record', 'recordStatus', 'server', 'state', 'target', 'unattributed',
     ]);
     assert.equal(i.server, null);
     assert.equal(i.state, 'free');

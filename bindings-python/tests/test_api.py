@@ -289,6 +289,7 @@ def test_inspect_keys(db: str) -> None:
         "former",
         "unattributed",
         "server",
+        "platform",
     }
     assert i["state"] == "free" and i["record_status"] == "empty" and i["record"] is None
     assert i["server"] is None

@@ -111,5 +111,17 @@ pub fn human(i: &Inspection) -> String {
             i.unattributed
         );
     }
+    if !i.unavailable.is_empty() {
+        let what: Vec<String> = i
+            .unavailable
+            .iter()
+            .map(|m| format!("{} ({})", m.as_str(), m.consequence()))
+            .collect();
+        out += &format!(
+            "  platform:   {}, without {}\n",
+            sidelease::platform::IMPLEMENTATION,
+            what.join(", ")
+        );
+    }
     out
 }

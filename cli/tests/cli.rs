@@ -116,7 +116,13 @@ fn hold_refuses_a_held_lease_naming_the_holder() {
     let (code, v) = status_json(db);
     assert_eq!(code, 3);
     assert_eq!(v["state"], "held");
-    assert_eq!(v["holders"], serde_json::json!([hold_pid]), "{v}");
+    // Without /proc/locks the lock says held, and no PID.
+    let holders = if cfg!(feature = "portable") {
+        serde_json::json!([])
+    } else {
+        serde_json::json!([hold_pid])
+    };
+    assert_eq!(v["holders"], holders, "{v}");
     assert_eq!(h.finish().code(), Some(3));
     assert_eq!(status_json(db).0, 0);
 }
@@ -226,6 +232,10 @@ fn bad_arguments_are_named() {
 /// is recognised as the holder of the orphaned file and a contender is
 /// refused.
 #[test]
+#[cfg_attr(
+    feature = "portable",
+    ignore = "portable platform: a former lease file held by a descendant cannot be seen without /proc (docs/platforms.md)"
+)]
 fn killed_hold_then_deleted_lease_file_still_refuses_a_contender() {
     let d = tempfile::tempdir().unwrap();
     let db = d.path().join("app.db");
@@ -272,7 +282,12 @@ fn a_lingering_descendant_keeps_hold_from_claiming_a_clean_release() {
     let lingering: i32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
     let (code, v) = status_json(db);
     assert_eq!(code, 3, "the lingering process still holds the lock: {v}");
-    assert_eq!(v["holders"], serde_json::json!([lingering]), "{v}");
+    let holders = if cfg!(feature = "portable") {
+        serde_json::json!([])
+    } else {
+        serde_json::json!([lingering])
+    };
+    assert_eq!(v["holders"], holders, "{v}");
     assert!(v["record"]["released_at"].is_null(), "{v}");
     // SAFETY: kill(2) on a PID this test started; no memory is shared.
     unsafe { libc::kill(lingering, libc::SIGKILL) };
@@ -370,6 +385,10 @@ fn status_json_of_a_non_utf8_path_is_a_whole_document() {
 }
 
 #[test]
+#[cfg_attr(
+    feature = "portable",
+    ignore = "portable platform: former lease files are not seen without /proc"
+)]
 fn status_shows_the_holders_own_former_files_apart_from_orphans() {
     // The lease file is deleted while `hold` holds it: hold puts it back and
     // keeps the former one locked too. That former file is the holder's own,
@@ -416,6 +435,10 @@ fn help_says_what_it_is_now() {
 }
 
 #[test]
+#[cfg_attr(
+    feature = "portable",
+    ignore = "portable platform: a lock's holder is not named without /proc/locks"
+)]
 fn a_refusal_by_a_lock_that_is_no_sidelease_holder_names_that_process() {
     // A holder released cleanly, then flock(1) took the lease file: the
     // refusal leads with the process the kernel names and says what the

@@ -62,18 +62,9 @@ pub(crate) fn of_file(mode: u32, uid: u32, gid: u32) -> Access {
     }
 }
 
-/// This process's umask, from `/proc/self/status` (reading it with
-/// `umask(2)` means setting it, which races with other threads). Owner-only
-/// when it cannot be read.
+/// This process's umask; owner-only when it cannot be read.
 fn umask() -> u32 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Umask:"))
-                .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
-        })
-        .unwrap_or(0o077)
+    crate::platform::process::umask().unwrap_or(0o077)
 }
 
 /// Make a lease file this process has just created (with [`CREATE_MODE`])

@@ -27,9 +27,10 @@ use crate::holders;
 use crate::lease::{write_padded, Anchor, Lease, Shared, SharedInit};
 use crate::options::{Options, Wait};
 use crate::path::{self, Spelled};
+use crate::platform::filestat::{self, stat_with_age};
 use crate::platform::notify::ChangeWatch;
 use crate::platform::{fskind, process};
-use crate::previous::{empty_is_new, next_generation, stat_with_age, vouched_for, young};
+use crate::previous::{empty_is_new, next_generation, vouched_for, young};
 use crate::record::{self, Content, Record};
 use crate::registry::{self, Flight, Key};
 use crate::watch;
@@ -68,11 +69,13 @@ const POLL_MAX: Duration = Duration::from_millis(50);
 /// holder to put back a lease file someone just deleted or replaced, before
 /// trusting a file that young: a holder's watch re-anchors within
 /// microseconds, but a contender that opens the new file in between would
-/// otherwise win it. Only files younger than this wait, and only once.
-const REANCHOR_GRACE: Duration = Duration::from_millis(20);
+/// otherwise win it. Only files younger than this wait, and only once. As
+/// long as the platform's holder may take to put a file back: 20 ms where
+/// file events wake it, 250 ms where it looks on a timer.
+const REANCHOR_GRACE: Duration = crate::platform::fsevents::REANCHOR_GRACE;
 /// The most one acquisition spends in graces: a file replaced faster than
 /// the grace, over and over, must not starve it.
-const GRACE_BUDGET: Duration = Duration::from_millis(200);
+const GRACE_BUDGET: Duration = REANCHOR_GRACE.saturating_mul(10);
 /// A lease file younger than this is checked for former files before it is
 /// locked (see `needs_precheck`).
 const PRECHECK_YOUNGER_THAN: Duration = Duration::from_secs(1);
@@ -488,10 +491,10 @@ impl FilePending {
         let open = |flags: OFlags, mode: u32| {
             registry::open_listed(|| Ok(rustix::fs::open(path, flags, Mode::from_raw_mode(mode))?))
         };
-        let (fd, slot, writable) = match open(base | OFlags::RDWR, 0) {
+        let (fd, slot, writable, created) = match open(base | OFlags::RDWR, 0) {
             Ok(r) => {
                 let (fd, slot) = r?;
-                (fd, slot, true)
+                (fd, slot, true, false)
             }
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
                 // A new lease file: check the filesystem before creating it.
@@ -515,7 +518,7 @@ impl FilePending {
                         let (fd, slot) = r?;
                         // SAFETY: just opened, and open until `OpenFile` closes it.
                         access::apply(unsafe { BorrowedFd::borrow_raw(fd) }, &access);
-                        (fd, slot, true)
+                        (fd, slot, true, true)
                     }
                     // Someone else made it in the meantime: open theirs.
                     Err(e) if e.raw_os_error() == Some(libc::EEXIST) => return Ok(Opened::Created),
@@ -543,7 +546,7 @@ impl FilePending {
                 match open(base | OFlags::RDONLY, 0) {
                     Ok(r) => {
                         let (fd, slot) = r?;
-                        (fd, slot, false)
+                        (fd, slot, false, false)
                     }
                     Err(e2) if e2.raw_os_error() == Some(libc::ENOENT) => {
                         return Err(open_error(path, e));
@@ -576,7 +579,7 @@ impl FilePending {
         let Some(canon) = path::canonical_from_fd(of.fd(), &self.spelled) else {
             return Ok(Opened::Moved);
         };
-        let st = stat_with_age(of.fd()).map_err(|e| Error::io("statx", &canon, e))?;
+        let st = stat_with_age(of.fd()).map_err(|e| Error::io(filestat::CALL, &canon, e))?;
         if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
             return Err(Error::io(
                 "open",
@@ -598,7 +601,10 @@ impl FilePending {
         of.size = st.st_size as usize;
         of.access = access::of_file(st.st_mode, st.st_uid, st.st_gid);
         of.age = st.age;
-        of.written = st.written;
+        // A file this process just made is new even where the filesystem
+        // keeps no birth time (the portable platform): whatever is in it by
+        // the time it is locked was written by someone, and says so.
+        of.written = st.written.or(created.then_some(false));
         of.untouched = st.untouched;
         Ok(Opened::File(of))
     }

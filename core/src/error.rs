@@ -214,7 +214,7 @@ impl fmt::Display for Error {
                 magic,
             } => write!(
                 f,
-                "{} is on {fstype} (statfs magic {magic:#x}), where flock is not a reliable \
+                "{} is on {fstype} (filesystem magic {magic:#x}), where flock is not a reliable \
                  lock; pass allow_unsupported_fs to use it anyway",
                 path.display()
             ),

@@ -338,8 +338,7 @@ fn examine(out: &mut Scan, me: &Me<'_>, pid: u32, fd: u32, key: KernelKey) {
             }
             // As in `judge`: a deleted file without a record is undecided.
             _ => {
-                let deleted = rustix::fs::stat(format!("/proc/{pid}/fd/{fd}"))
-                    .is_ok_and(|st| st.st_nlink == 0);
+                let deleted = process::stat_fd(pid, fd).is_ok_and(|st| st.st_nlink == 0);
                 if deleted {
                     out.undecided += 1;
                 }
@@ -362,7 +361,7 @@ fn find_holders(keys: &[KernelKey]) -> Vec<(KernelKey, u32, u32)> {
             continue;
         };
         for fd in fds {
-            let Ok(st) = rustix::fs::stat(format!("/proc/{pid}/fd/{fd}")) else {
+            let Ok(st) = process::stat_fd(pid, fd) else {
                 continue;
             };
             // (Inode numbers repeat across devices: the fdinfo tells which.)

@@ -1,6 +1,9 @@
 //! The identity probe (DESIGN §7): who holds a lease, from the kernel, and
-//! what the holder record is worth. Never takes, blocks or disturbs the lock;
-//! every judgement needs evidence, and "cannot tell" is an answer.
+//! what the holder record is worth. Never holds or blocks the lock: where
+//! the kernel's table of locks is missing (the portable platform, a
+//! sandbox's `/proc`) or names no holder, a shared lock taken and let go at
+//! once says whether it is held. Every judgement needs evidence, and
+//! "cannot tell" is an answer.
 
 use std::ffi::OsString;
 use std::os::fd::{AsFd, OwnedFd};
@@ -16,8 +19,8 @@ use crate::guard::{self, Orphan};
 use crate::holders;
 use crate::options::Options;
 use crate::path;
-use crate::platform::locks;
 use crate::platform::process::{self, FdScan, KernelKey};
+use crate::platform::{locks, Missing};
 use crate::record::{self, Content, Record};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -104,6 +107,10 @@ pub struct Inspection {
     pub unattributed: usize,
     /// For a PostgreSQL lease: the server session holding the lock.
     pub server: Option<ServerHolder>,
+    /// What this inspection could not ask the kernel (and what this
+    /// process's waits and watch could not have), so a portable answer
+    /// stood in. Always empty for a PostgreSQL lease.
+    pub unavailable: Vec<Missing>,
 }
 
 /// The server session holding a PostgreSQL lease, as `pg_locks`,
@@ -127,7 +134,7 @@ impl Inspection {
         format!(
             "{{\"target\":{},\"lease_path\":{},\"state\":\"{}\",\"holders\":{},\"record\":{},\
              \"record_status\":\"{}\",\"orphans\":{},\"former\":{},\"unattributed\":{},\
-             \"server\":{}}}",
+             \"server\":{},\"platform\":{{\"implementation\":\"{}\",\"unavailable\":{}}}}}",
             record::json_path(self.target.as_os_str().as_bytes()),
             record::json_path(self.lease_path.as_os_str().as_bytes()),
             self.state.as_str(),
@@ -138,6 +145,14 @@ impl Inspection {
             value(serde_json::to_string(&self.former)),
             self.unattributed,
             value(serde_json::to_string(&self.server)),
+            crate::platform::IMPLEMENTATION,
+            value(serde_json::to_string(
+                &self
+                    .unavailable
+                    .iter()
+                    .map(|m| m.as_str())
+                    .collect::<Vec<_>>()
+            )),
         )
     }
 }
@@ -152,6 +167,8 @@ struct Found {
     /// Nobody could have written a release into it: immutable, append-only
     /// or on a read-only mount.
     unwritable: bool,
+    /// The file, open for reading (not when it is unreadable or missing).
+    fd: Option<OwnedFd>,
 }
 
 /// Inspect the lease of `target` (only `options.suffix` is used).
@@ -177,12 +194,32 @@ pub fn inspect(target: impl AsRef<Path>, options: &Options) -> Result<Inspection
         former: Vec::new(),
         unattributed: 0,
         server: None,
+        unavailable: crate::platform::unavailable()
+            .into_iter()
+            .filter(|m| *m == Missing::FileEvents)
+            .collect(),
     };
     let kernel = found
         .kernel_dev
         .and_then(|(ma, mi)| locks::flock_locks_on(ma, mi).ok().map(|l| (ma, mi, l)));
     let Some((major, minor, all)) = kernel else {
-        out.record_status = judge(&found.content, None, &[], found.unwritable);
+        // No table of locks (the portable platform, a sandbox's /proc): the
+        // lock itself says whether it is held, and the record the rest.
+        missing(&mut out.unavailable, Missing::LockTable);
+        missing(&mut out.unavailable, Missing::Descriptors);
+        out.state = match (&found.fd, found.key) {
+            (_, None) => State::Free,
+            (Some(fd), Some(_)) if locked_now(fd.as_fd()) => State::Held,
+            (Some(_), Some(key)) if !unreleased_elsewhere(&found.content, key) => State::Free,
+            _ => State::Unknown,
+        };
+        out.record_status = judge(
+            &found.content,
+            None,
+            &[],
+            found.unwritable,
+            held_here(found.key),
+        );
         return Ok(out);
     };
     if let Some((_, ino)) = found.key {
@@ -225,17 +262,61 @@ pub fn inspect(target: impl AsRef<Path>, options: &Options) -> Result<Inspection
         // nothing at the path says otherwise. (For root, an unattributed
         // lock is one that vanished while it looked.)
         State::Unknown
+    } else if found.fd.as_ref().is_some_and(|fd| locked_now(fd.as_fd())) {
+        // Held, yet the table names no holder: it does not list every lock
+        // (a sandbox's /proc, another PID namespace's lock).
+        missing(&mut out.unavailable, Missing::LockTable);
+        State::Held
     } else {
         State::Free
     };
     let orphan_pids: Vec<u32> = out.orphans.iter().map(|o| o.pid).collect();
+    // A table that missed a held lock is no kernel view of its holders.
+    let incomplete = out.unavailable.contains(&Missing::LockTable);
     out.record_status = judge(
         &found.content,
-        Some(&out.holders),
+        (!incomplete).then_some(&out.holders[..]),
         &orphan_pids,
         found.unwritable,
+        incomplete && held_here(found.key),
     );
     Ok(out)
+}
+
+/// Whether this process holds the lease file `key` (its registry says).
+fn held_here(key: Option<(u64, u64)>) -> bool {
+    key.is_some_and(|(dev, ino)| {
+        crate::registry::existing().is_some_and(|r| r.lock().held_on(dev).any(|(i, _)| i == ino))
+    })
+}
+
+/// Whether someone holds an exclusive lock on the file now: a shared lock
+/// taken and let go at once (shared locks do not exclude each other; an
+/// acquirer's attempt in that microsecond looks once more).
+fn locked_now(fd: std::os::fd::BorrowedFd<'_>) -> bool {
+    use rustix::fs::FlockOperation;
+    match rustix::fs::flock(fd, FlockOperation::NonBlockingLockShared) {
+        Ok(()) => {
+            let _ = rustix::fs::flock(fd, FlockOperation::Unlock);
+            false
+        }
+        Err(_) => true,
+    }
+}
+
+/// A record, never released, of a holder of another file than this one
+/// (it was copied here, or this file replaced the one it held): that
+/// holder may still hold a former lease file nobody here can see. A
+/// holder of this very file, which is not locked now, is gone.
+fn unreleased_elsewhere(content: &Content, (dev, ino): (u64, u64)) -> bool {
+    matches!(content, Content::Record(r)
+        if r.released_at.is_none() && (r.device, r.inode) != (Some(dev), Some(ino)))
+}
+
+fn missing(list: &mut Vec<Missing>, m: Missing) {
+    if !list.contains(&m) {
+        list.push(m);
+    }
 }
 
 /// A record released cleanly by a holder that had checked for former
@@ -265,6 +346,7 @@ fn read_lease_file(spelled: &path::Spelled) -> Result<Found> {
                 kernel_dev: process::kernel_device(dfd.as_fd()).ok(),
                 lease_path: canon_dir.join(&spelled.name),
                 unwritable: false,
+                fd: None,
             });
         }
         Err(Errno::LOOP) => {
@@ -285,6 +367,7 @@ fn read_lease_file(spelled: &path::Spelled) -> Result<Found> {
                 kernel_dev: process::kernel_device(pfd.as_fd()).ok(),
                 lease_path,
                 unwritable: false,
+                fd: None,
             });
         }
         Err(e) => return Err(Error::io("open", lp, e)),
@@ -314,15 +397,12 @@ fn read_lease_file(spelled: &path::Spelled) -> Result<Found> {
         kernel_dev: process::kernel_device(fd.as_fd()).ok(),
         lease_path: canonical(fd.as_fd(), lp),
         unwritable: process::unwritable(fd.as_fd()),
+        fd: Some(fd),
     })
 }
 
 fn open_path(p: &Path) -> std::io::Result<OwnedFd> {
-    Ok(rustix::fs::open(
-        p,
-        OFlags::PATH | OFlags::CLOEXEC | OFlags::NOFOLLOW,
-        Mode::empty(),
-    )?)
+    crate::platform::paths::open_path(p)
 }
 
 fn canonical(fd: std::os::fd::BorrowedFd<'_>, spelled: &Path) -> PathBuf {
@@ -334,12 +414,14 @@ fn canonical(fd: std::os::fd::BorrowedFd<'_>, spelled: &Path) -> PathBuf {
 
 /// Judge a record against the kernel's holders (`None`: no kernel view)
 /// and the holders of former lease files. `unwritable`: no release could
-/// have been recorded in the file.
+/// have been recorded in the file. `held_here`: this process holds the
+/// file (its registry says so; asked only without a kernel view).
 fn judge(
     content: &Content,
     holders: Option<&[u32]>,
     orphan_pids: &[u32],
     unwritable: bool,
+    held_here: bool,
 ) -> RecordStatus {
     let r = match content {
         Content::Empty => return RecordStatus::Empty,
@@ -365,7 +447,16 @@ fn judge(
         return RecordStatus::Unknown;
     };
     let Some(holders) = holders else {
-        return RecordStatus::Unknown;
+        // No kernel view (the portable platform): this process knows what
+        // it holds; a holder that no longer exists is stale; one that does
+        // may or may not hold the lock.
+        if pid == me.pid && held_here {
+            return RecordStatus::Myself;
+        }
+        return match process::alive(pid) {
+            Some(false) => RecordStatus::Stale,
+            _ => RecordStatus::Unknown,
+        };
     };
     if holders.contains(&pid) {
         return if pid == me.pid {

@@ -13,6 +13,7 @@ use crate::options::Options;
 use crate::pending::Pending;
 use crate::platform::notify::CancelToken;
 use crate::platform::process;
+use crate::platform::wakefd::WakeFd;
 use crate::record::{self, Content, Record};
 use crate::registry::{self, Key};
 
@@ -93,7 +94,7 @@ pub(crate) struct Shared {
     pub access: Access,
     handles: AtomicUsize,
     state: Mutex<State>,
-    lost_fd: OnceLock<OwnedFd>,
+    lost_fd: OnceLock<WakeFd>,
     /// A lease on a PostgreSQL server: its session's thread (no anchors).
     pub pg: Option<crate::pg::Link>,
 }
@@ -220,7 +221,7 @@ impl Shared {
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn ring_lost_fd(&self) {
         if let Some(fd) = self.lost_fd.get() {
-            let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+            fd.ring();
         }
     }
 
@@ -253,7 +254,7 @@ impl Shared {
             cb(&lost);
         }
         if let Some(fd) = self.lost_fd.get() {
-            let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+            fd.ring();
         }
     }
 }
@@ -375,7 +376,7 @@ impl Lease {
         };
         // Wake whoever waits on the lost descriptor: the wait is over.
         if let Some(fd) = s.lost_fd.get() {
-            let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+            fd.ring();
         }
         crate::watch::forget(s);
         let stamp = record::now_rfc3339();
@@ -553,17 +554,13 @@ impl Lease {
     }
 
     /// A descriptor that turns readable when the lease is lost, or when its
-    /// last handle is released (an eventfd, made on first use), for an
+    /// last handle is released (made on first use), for an
     /// event loop; [`Lease::state`] tells which. It stays readable from
     /// then on.
     pub fn lost_fd(&self) -> Result<BorrowedFd<'_>> {
         let s = self.live()?;
         if s.lost_fd.get().is_none() {
-            let fd = rustix::event::eventfd(
-                0,
-                rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
-            )
-            .map_err(|e| Error::io("eventfd", &s.lease_path, e))?;
+            let fd = WakeFd::new().map_err(|e| Error::io(WakeFd::CALL, &s.lease_path, e))?;
             let _ = s.lost_fd.set(fd);
         }
         let fd = s
@@ -571,7 +568,7 @@ impl Lease {
             .get()
             .ok_or_else(|| Error::invalid("lease", "no lost descriptor"))?;
         if matches!(s.state().phase, Phase::Lost(_)) {
-            let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+            fd.ring();
         }
         Ok(fd.as_fd())
     }

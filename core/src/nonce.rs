@@ -46,14 +46,7 @@ pub(crate) fn fresh_hex() -> std::io::Result<String> {
 
 fn seed() -> std::io::Result<[u32; 8]> {
     let mut bytes = [0u8; 32];
-    let mut filled = 0;
-    while filled < bytes.len() {
-        match rustix::rand::getrandom(&mut bytes[filled..], rustix::rand::GetRandomFlags::empty()) {
-            Ok(n) => filled += n,
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
+    crate::platform::random::fill(&mut bytes)?;
     let mut key = [0u32; 8];
     for (k, chunk) in key.iter_mut().zip(bytes.chunks_exact(4)) {
         *k = u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);

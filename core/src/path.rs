@@ -10,15 +10,13 @@
 
 use std::ffi::{OsStr, OsString};
 use std::io;
-use std::os::fd::AsFd;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
 
 use crate::error::{Error, Result};
-use crate::platform::process;
+use crate::platform::{paths, process};
 
 /// A lease file as the caller's spelling reaches it.
 #[derive(Debug, Clone)]
@@ -100,8 +98,13 @@ pub(crate) fn canonical_from_fd(
 ) -> Option<PathBuf> {
     let bytes = match process::fd_path(fd) {
         Ok(b) => b,
-        // No /proc: the spelling, made absolute, is the best there is.
-        Err(_) => return Some(spelled.lease.clone()),
+        // The kernel does not name open files (no /proc, the portable
+        // platform): the directory as realpath resolves it now, with the
+        // file name (the spelling, made absolute, when even that fails).
+        Err(_) => {
+            let dir = paths::resolve(parent_of(&spelled.lease));
+            return Some(dir.map_or_else(|_| spelled.lease.clone(), |d| d.join(&spelled.name)));
+        }
     };
     let path = PathBuf::from(OsString::from_vec(bytes));
     (path.file_name() == Some(spelled.name.as_os_str()) && path.is_absolute()).then_some(path)
@@ -183,22 +186,14 @@ fn canonical_target(target: &Path) -> Result<PathBuf> {
 }
 
 fn kernel_resolve(p: &Path) -> io::Result<PathBuf> {
-    let fd = rustix::fs::open(p, OFlags::PATH | OFlags::CLOEXEC, Mode::empty())?;
-    match process::fd_path(fd.as_fd()) {
-        Ok(b) => Ok(PathBuf::from(OsString::from_vec(b))),
-        // No /proc: resolve in user space.
-        Err(_) => std::fs::canonicalize(p),
-    }
+    paths::resolve(p)
 }
 
 /// The kernel's `fs.protected_symlinks` rule, for a dangling symlink this
 /// library follows by hand: in a sticky world-writable directory, follow
 /// only a link owned by the follower or by the directory's owner.
 fn check_protected_symlink(dir: &Path, name: &OsStr) -> io::Result<()> {
-    let on = std::fs::read_to_string("/proc/sys/fs/protected_symlinks")
-        .map(|s| s.trim() != "0")
-        .unwrap_or(false);
-    if !on {
+    if !paths::protected_symlinks() {
         return Ok(());
     }
     let d = rustix::fs::stat(dir)?;

@@ -4,7 +4,6 @@
 //! have put it back yet), whether an empty file is new or was emptied, and
 //! the next fencing generation.
 
-use std::os::fd::BorrowedFd;
 use std::path::Path;
 use std::time::Duration;
 
@@ -40,62 +39,6 @@ pub(crate) fn vouched_for(
         && matches!(previous, Content::Record(r)
         if r.inode == Some(ino) && r.device == Some(dev) && r.split_checked == Some(true)
             && r.lease_path.as_deref().map(Path::new) == Some(lease_path))
-}
-
-/// What `statx` says of an open lease file.
-pub(crate) struct FileStat {
-    pub st_mode: u32,
-    pub st_dev: u64,
-    pub st_ino: u64,
-    pub st_nlink: u64,
-    pub st_size: u64,
-    pub st_uid: u32,
-    pub st_gid: u32,
-    pub age: Option<Duration>,
-    /// Whether the file was written since it was created (its modification
-    /// time differs from its birth time); `None` when the filesystem keeps
-    /// no birth time.
-    pub written: Option<bool>,
-    /// Whether nothing happened to the inode since its content was last
-    /// written (no rename, link, chmod: status-change time = modification
-    /// time).
-    pub untouched: bool,
-}
-
-/// `fstat` plus the file's age, in the one system call `statx` makes.
-pub(crate) fn stat_with_age(fd: BorrowedFd<'_>) -> std::io::Result<FileStat> {
-    use rustix::fs::{AtFlags, StatxFlags};
-    let x = rustix::fs::statx(
-        fd,
-        "",
-        AtFlags::EMPTY_PATH,
-        StatxFlags::BASIC_STATS | StatxFlags::BTIME,
-    )?;
-    let has_btime = x.stx_mask & StatxFlags::BTIME.bits() != 0;
-    let age = has_btime.then(|| {
-        let born = std::time::UNIX_EPOCH
-            + Duration::new(x.stx_btime.tv_sec.max(0) as u64, x.stx_btime.tv_nsec);
-        std::time::SystemTime::now()
-            .duration_since(born)
-            .unwrap_or_default()
-    });
-    let written = has_btime.then(|| {
-        (x.stx_mtime.tv_sec, x.stx_mtime.tv_nsec) != (x.stx_btime.tv_sec, x.stx_btime.tv_nsec)
-    });
-    let untouched =
-        (x.stx_ctime.tv_sec, x.stx_ctime.tv_nsec) == (x.stx_mtime.tv_sec, x.stx_mtime.tv_nsec);
-    Ok(FileStat {
-        st_mode: u32::from(x.stx_mode),
-        st_dev: rustix::fs::makedev(x.stx_dev_major, x.stx_dev_minor),
-        st_ino: x.stx_ino,
-        st_nlink: u64::from(x.stx_nlink),
-        st_size: x.stx_size,
-        st_uid: x.stx_uid,
-        st_gid: x.stx_gid,
-        age,
-        written,
-        untouched,
-    })
 }
 
 /// Is this lease file young enough that a holder of a former one may not

@@ -125,8 +125,10 @@ impl Record {
     /// generation and no lease-file fields yet).
     pub(crate) fn of_this_process(target: String, options: &crate::Options) -> Result<Record> {
         let me = crate::platform::process::current();
-        let nonce = crate::nonce::fresh_hex()
-            .map_err(|e| Error::io("getrandom", std::path::Path::new("/dev/urandom"), e))?;
+        let nonce = crate::nonce::fresh_hex().map_err(|e| {
+            use crate::platform::random;
+            Error::io(random::CALL, std::path::Path::new(random::SOURCE), e)
+        })?;
         Ok(Record {
             schema: Some(SCHEMA),
             generation: None,

@@ -1,26 +1,27 @@
 //! What the library's two threads (the holder's watch, `watch.rs`, and the
-//! wait hub, `platform::notify`) have in common: an eventfd that wakes the
+//! wait hub, `platform::notify`) have in common: a descriptor that wakes the
 //! thread, the handles of the threads started (joined before a fork, since
 //! one that closes an instance on its way out may still run), and creating
 //! the leaked singleton that owns them without ever blocking on a lock a
 //! vanished thread may hold after a fork.
 
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::RawFd;
 use std::sync::{Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
-use rustix::event::{eventfd, EventfdFlags};
+use crate::platform::wakefd::WakeFd;
 
 pub(crate) struct Service {
-    pub(crate) ctl: OwnedFd,
+    pub(crate) ctl: WakeFd,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl Service {
-    /// A new service and its eventfd's number (for a fork child handler).
-    pub(crate) fn new() -> Option<(Service, RawFd)> {
-        let ctl = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).ok()?;
-        let raw = ctl.as_raw_fd();
+    /// A new service and its wake descriptors' numbers (for a fork child
+    /// handler).
+    pub(crate) fn new() -> Option<(Service, [RawFd; 2])> {
+        let ctl = WakeFd::new().ok()?;
+        let raw = ctl.raw();
         let svc = Service {
             ctl,
             threads: Mutex::new(Vec::new()),
@@ -29,13 +30,12 @@ impl Service {
     }
 
     pub(crate) fn wake(&self) {
-        let _ = rustix::io::write(&self.ctl, &1u64.to_ne_bytes());
+        self.ctl.ring();
     }
 
-    /// Consume the wake-ups (after the thread's poll saw the eventfd).
+    /// Consume the wake-ups (after the thread's poll saw them).
     pub(crate) fn woken(&self) {
-        let mut b = [0u8; 8];
-        let _ = rustix::io::read(&self.ctl, &mut b);
+        self.ctl.drain();
     }
 
     /// Start a thread: named, on a small stack, its handle kept. False if

@@ -38,6 +38,10 @@ fn lock_by_hand(path: &Path) -> File {
 }
 
 #[test]
+#[cfg_attr(
+    feature = "portable",
+    ignore = "portable platform: no inotify instances; waits and the watch poll"
+)]
 fn one_instance_per_role_and_none_when_idle() {
     const WAITS: usize = 300;
     let d = tempfile::tempdir().unwrap();

@@ -23,6 +23,26 @@ COMMANDS = {
     "node": ["node", str(ROOT / "tests/agents/agent.cjs")],
     "bun": [str(BUN), str(ROOT / "tests/agents/agent.cjs")],
 }
+PLATFORM = "linux"
+
+
+def use_platform(name: str) -> None:
+    """Drive the agents built on the portable platform (the core's
+    `portable` feature: tests/portable builds them under target/portable):
+    the Rust, C and Python agents; Node and Bun run the same core and are
+    left to the Linux run."""
+    global PLATFORM
+    if name == "linux":
+        return
+    assert name == "portable", name
+    PLATFORM = name
+    out = ROOT / "target/portable"
+    RUNTIMES[:] = ["rust", "c", "python"]
+    COMMANDS["rust"] = [str(out / "release/sidelease-agent")]
+    COMMANDS["c"] = [str(out / "agents/c-agent")]
+    os.environ["PYTHONPATH"] = str(out / "python")
+
+
 # What a runtime can do to itself (Node and Bun have no exec or fork).
 CAPABILITIES = {
     "rust": {"exec", "fork"},

@@ -173,6 +173,9 @@ def inotify_spent(soak: bool) -> str:
             assert got.get("ok"), f"{rt}: {got}"
             h = got["handle"]
             assert _inotify_count(holder.pid) == 0, f"{rt}: the setup left it an inotify instance"
+            # And it says so.
+            i = holder.call({"cmd": "inspect", "target": db})
+            assert "file-events" in i["inspect"]["platform"]["unavailable"], f"{rt}: {i}"
             # Looking at the path every 100 ms costs next to nothing.
             cpu0 = _cpu_seconds(holder.pid)
             time.sleep(1.5)

@@ -1,14 +1,14 @@
 //! One acquisition of a PostgreSQL lease in progress, as `Pending` drives
-//! it: its thread does the work and rings an eventfd when it is over, so a
+//! it: its thread does the work and rings a wake descriptor when it is over, so a
 //! blocking caller polls that descriptor and an event loop watches it.
 
 use std::mem::ManuallyDrop;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rustix::event::{eventfd, EventfdFlags};
+use crate::platform::wakefd::WakeFd;
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::local;
@@ -21,7 +21,7 @@ use crate::options::{Options, Wait};
 /// Where the thread leaves the outcome.
 pub(crate) struct Slot {
     state: Mutex<SlotState>,
-    fd: OwnedFd,
+    fd: WakeFd,
 }
 
 #[derive(Default)]
@@ -37,7 +37,7 @@ impl Slot {
     }
 
     fn ring(&self) {
-        let _ = rustix::io::write(&self.fd, &1u64.to_ne_bytes());
+        self.fd.ring();
     }
 
     /// Leave an outcome (a lease nobody takes any more is dropped, which
@@ -92,8 +92,7 @@ pub(crate) const ANSWER_GRACE: Duration = Duration::from_secs(6);
 impl Attempt {
     pub(crate) fn new(url: &str, options: &Options) -> Result<Attempt> {
         let target = Arc::new(Target::parse(url)?);
-        let fd = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
-            .map_err(|e| Error::io("eventfd", Path::new(&target.shown), e))?;
+        let fd = WakeFd::new().map_err(|e| Error::io(WakeFd::CALL, Path::new(&target.shown), e))?;
         let slot = Arc::new(Slot {
             state: Mutex::new(SlotState::default()),
             fd,

@@ -253,8 +253,13 @@ async fn startup(
             )))
         }
     };
-    let session = crate::nonce::fresh_hex()
-        .map_err(|e| hard(io_error(target, "getrandom", crate::error::os_message(&e))))?;
+    let session = crate::nonce::fresh_hex().map_err(|e| {
+        hard(io_error(
+            target,
+            crate::platform::random::CALL,
+            crate::error::os_message(&e),
+        ))
+    })?;
     Ok(Conn {
         client,
         task,

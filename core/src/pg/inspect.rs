@@ -149,5 +149,6 @@ async fn run(t: &Target) -> Result<Inspection> {
         former: Vec::new(),
         unattributed: 0,
         server: holder,
+        unavailable: Vec::new(),
     })
 }

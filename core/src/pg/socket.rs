@@ -159,11 +159,13 @@ async fn tcp(addr: SocketAddr) -> io::Result<Listed> {
     let s = listed_socket(family)?;
     let fd = s.borrowed();
     sockopt::set_tcp_nodelay(fd, true)?;
-    sockopt::set_socket_keepalive(fd, true)?;
-    sockopt::set_tcp_keepidle(fd, KEEPALIVE_IDLE)?;
-    sockopt::set_tcp_keepintvl(fd, KEEPALIVE_INTERVAL)?;
-    sockopt::set_tcp_keepcnt(fd, KEEPALIVE_COUNT)?;
-    sockopt::set_tcp_user_timeout(fd, USER_TIMEOUT.as_millis() as u32)?;
+    crate::platform::sockopt::keepalive(
+        fd,
+        KEEPALIVE_IDLE,
+        KEEPALIVE_INTERVAL,
+        KEEPALIVE_COUNT,
+        USER_TIMEOUT,
+    )?;
     match rustix::net::connect(fd, &addr) {
         Ok(()) | Err(rustix::io::Errno::INPROGRESS) => {}
         Err(e) => return Err(e.into()),

@@ -32,30 +32,23 @@
 //! about forking a threaded process can stop it around a fork (`pause`,
 //! `resume`).
 
-mod dirs;
-
 use std::collections::HashMap;
 use std::mem::MaybeUninit;
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
-use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
 
 use crate::anchor;
 use crate::forkgate;
 use crate::lease::{Phase, Shared};
+use crate::platform::fsevents::{self, Dirs, Heard};
 use crate::platform::mounts;
 use crate::registry::Key;
 use crate::service::Service;
-use dirs::{Dirs, Heard};
-
-const MASK: WatchFlags = WatchFlags::ATTRIB
-    .union(WatchFlags::MOVE_SELF)
-    .union(WatchFlags::DELETE_SELF);
 
 /// How long a lease is held before its file is watched for writes too: a
 /// service holds its lease for hours, a loop of acquire and release for
@@ -102,7 +95,7 @@ struct Watcher {
 
 #[derive(Default)]
 struct WState {
-    inotify: Option<OwnedFd>,
+    events: Option<OwnedFd>,
     /// The mount table, polled for changes while the thread runs.
     mounts: Option<OwnedFd>,
     paused: bool,
@@ -150,7 +143,7 @@ static ABANDONED: AtomicPtr<Watcher> = AtomicPtr::new(ptr::null_mut());
 /// The descriptors, for the fork child handler to close without a lock.
 static INOTIFY_FD: AtomicI32 = AtomicI32::new(-1);
 static MOUNTS_FD: AtomicI32 = AtomicI32::new(-1);
-static CTL_FD: AtomicI32 = AtomicI32::new(-1);
+static CTL_FD: [AtomicI32; 2] = [const { AtomicI32::new(-1) }; 2];
 static CREATE: Mutex<()> = Mutex::new(());
 
 fn watcher() -> Option<&'static Watcher> {
@@ -168,7 +161,9 @@ fn watcher() -> Option<&'static Watcher> {
         return Some(w);
     }
     let (svc, ctl) = Service::new()?;
-    CTL_FD.store(ctl, Ordering::Release);
+    for (slot, fd) in CTL_FD.iter().zip(ctl) {
+        slot.store(fd, Ordering::Release);
+    }
     let w: &'static Watcher = Box::leak(Box::new(Watcher {
         svc,
         state: Mutex::new(WState::default()),
@@ -180,14 +175,14 @@ fn watcher() -> Option<&'static Watcher> {
 
 /// What one sleep of the thread waits on.
 struct Plan {
-    inotify: Option<i32>,
+    events: Option<i32>,
     mounts: Option<i32>,
     timeout: Option<Duration>,
     any_held: bool,
 }
 
 struct Woke {
-    inotify: bool,
+    events: bool,
     mounts: bool,
 }
 
@@ -214,12 +209,12 @@ impl Watcher {
 
     /// The instance, created when there is none (state locked).
     fn instance<'a>(&self, st: &'a mut WState) -> Option<&'a OwnedFd> {
-        if st.inotify.is_none() {
-            let fd = inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK).ok()?;
+        if st.events.is_none() {
+            let fd = fsevents::open()?;
             INOTIFY_FD.store(fd.as_raw_fd(), Ordering::Release);
-            st.inotify = Some(fd);
+            st.events = Some(fd);
         }
-        st.inotify.as_ref()
+        st.events.as_ref()
     }
 
     /// Start the thread unless it runs (state locked).
@@ -252,11 +247,11 @@ impl Watcher {
                 continue;
             }
             let mut heard = Events::default();
-            if let (true, Some(fd)) = (woke.inotify, plan.inotify) {
+            if let (true, Some(fd)) = (woke.events, plan.events) {
                 // SAFETY: only this thread closes the instance, after this
                 // borrow ends.
-                let inotify = unsafe { BorrowedFd::borrow_raw(fd) };
-                self.read_events(inotify, &mut buf, &mut heard);
+                let events = unsafe { BorrowedFd::borrow_raw(fd) };
+                self.read_events(events, &mut buf, &mut heard);
             }
             heard.all |= woke.mounts;
             let now = Instant::now();
@@ -331,7 +326,7 @@ impl Watcher {
         let expired = idle_since.is_some_and(|t| now >= t + LINGER);
         if st.stop || expired {
             let fds = if expired && !st.stop {
-                (st.inotify.take(), st.mounts.take())
+                (st.events.take(), st.mounts.take())
             } else {
                 (None, None)
             };
@@ -376,7 +371,7 @@ impl Watcher {
         }
         st.planned = wake_at;
         Some(Plan {
-            inotify: st.inotify.as_ref().map(|f| f.as_raw_fd()),
+            events: st.events.as_ref().map(|f| f.as_raw_fd()),
             mounts: st.mounts.as_ref().map(|f| f.as_raw_fd()),
             timeout: wake_at.map(|w| w.saturating_duration_since(now)),
             any_held,
@@ -385,11 +380,11 @@ impl Watcher {
 
     fn sleep(&self, plan: &Plan) -> Woke {
         // SAFETY: only this thread closes these, after the poll.
-        let inotify = plan.inotify.map(|fd| unsafe { BorrowedFd::borrow_raw(fd) });
+        let events = plan.events.map(|fd| unsafe { BorrowedFd::borrow_raw(fd) });
         // SAFETY: as above.
         let mounts = plan.mounts.map(|fd| unsafe { BorrowedFd::borrow_raw(fd) });
         let mut fds = vec![PollFd::new(&self.svc.ctl, PollFlags::IN)];
-        if let Some(fd) = &inotify {
+        if let Some(fd) = &events {
             fds.push(PollFd::new(fd, PollFlags::IN));
         }
         if let Some(fd) = &mounts {
@@ -403,11 +398,11 @@ impl Watcher {
         let ctl = !fds[0].revents().is_empty();
         let mut i = 1;
         let mut woke = Woke {
-            inotify: false,
+            events: false,
             mounts: false,
         };
-        if inotify.is_some() {
-            woke.inotify = !fds[i].revents().is_empty();
+        if events.is_some() {
+            woke.events = !fds[i].revents().is_empty();
             i += 1;
         }
         if mounts.is_some() {
@@ -421,38 +416,36 @@ impl Watcher {
 
     /// Read every queued event. A queue overflow means events were lost:
     /// check everything.
-    fn read_events(&self, inotify: BorrowedFd<'_>, buf: &mut [MaybeUninit<u8>], out: &mut Events) {
-        let mut reader = inotify::Reader::new(inotify, buf);
-        // Until EAGAIN: drained.
-        while let Ok(ev) = reader.next() {
-            let (wd, flags) = (ev.wd(), ev.events());
-            if flags.contains(ReadFlags::QUEUE_OVERFLOW) {
+    fn read_events(&self, events: BorrowedFd<'_>, buf: &mut [MaybeUninit<u8>], out: &mut Events) {
+        fsevents::read(events, buf, |ev| {
+            if ev.overflow {
                 out.all = true;
-                continue;
+                return;
             }
+            let wd = ev.wd;
             let mut st = self.state();
-            match st.dirs.heard(inotify, wd, flags) {
+            match st.dirs.heard(events, &ev) {
                 Heard::PathChanged => {
                     out.all = true;
                     st.chains_wanted = true;
-                    continue;
+                    return;
                 }
                 Heard::Appeared => {
                     out.appeared = true;
-                    continue;
+                    return;
                 }
                 Heard::Nothing => {}
             }
-            if flags.contains(ReadFlags::IGNORED) {
+            if ev.gone {
                 st.entries.remove(&wd);
-                continue;
+                return;
             }
             let Some(e) = st.entries.get_mut(&wd) else {
-                continue;
+                return;
             };
             match e.lease.as_ref().and_then(Weak::upgrade) {
                 Some(s) => {
-                    if flags.contains(ReadFlags::MODIFY) {
+                    if ev.written {
                         out.modified.push(s.clone());
                     }
                     out.check.push(s)
@@ -463,10 +456,10 @@ impl Watcher {
                     // it. Under the lock, so an acquisition that is adding
                     // this very watch again cannot lose it.
                     st.entries.remove(&wd);
-                    let _ = inotify::remove_watch(inotify, wd);
+                    fsevents::unwatch(events, wd);
                 }
             }
-        }
+        });
     }
 
     /// Every lease this process holds that the thread knows of.
@@ -500,11 +493,11 @@ impl Watcher {
             }
             due
         };
-        let Some(inotify) = self.state().inotify.as_ref().map(|f| f.as_raw_fd()) else {
+        let Some(events) = self.state().events.as_ref().map(|f| f.as_raw_fd()) else {
             return;
         };
         // SAFETY: only this thread closes the instance.
-        let inotify = unsafe { BorrowedFd::borrow_raw(inotify) };
+        let events = unsafe { BorrowedFd::borrow_raw(events) };
         for (wd, s, key) in due {
             let watched = {
                 let st = s.state();
@@ -512,10 +505,10 @@ impl Watcher {
                     continue;
                 }
                 // The descriptor stays open while the lease state is held.
-                st.anchors.iter().find(|a| a.key == key).map(|a| {
-                    let link = format!("/proc/self/fd/{}", a.fd);
-                    inotify::add_watch(inotify, link, MASK | WatchFlags::MODIFY)
-                })
+                st.anchors
+                    .iter()
+                    .find(|a| a.key == key)
+                    .map(|a| fsevents::watch_held(events, a.fd, true))
             };
             match watched {
                 Some(Ok(w)) => {
@@ -537,7 +530,7 @@ impl Watcher {
     /// held leases, the directories where a lease file is missing, and
     /// another try at watching the leases that are polled.
     fn upkeep(&self, now: Instant) {
-        let Some(inotify) = self.state().inotify.as_ref().map(|f| f.as_raw_fd()) else {
+        let Some(events) = self.state().events.as_ref().map(|f| f.as_raw_fd()) else {
             // Nothing can be watched: the leases are polled, and their
             // chains are asked for again once an instance can be had.
             let mut st = self.state();
@@ -548,10 +541,10 @@ impl Watcher {
             return;
         };
         // SAFETY: only this thread closes the instance.
-        let inotify = unsafe { BorrowedFd::borrow_raw(inotify) };
+        let events = unsafe { BorrowedFd::borrow_raw(events) };
         let new_dirs = std::mem::take(&mut self.state().new_dirs);
         for (dir_path, key) in new_dirs {
-            let r = self.state().dirs.chain(inotify, &dir_path, key);
+            let r = self.state().dirs.chain(events, &dir_path, key);
             if !matches!(r, Ok(true)) {
                 // Moved already, or no watch to be had: every lease is
                 // looked at, and polled where it must be.
@@ -571,7 +564,7 @@ impl Watcher {
                     let r = self
                         .state()
                         .dirs
-                        .chain(inotify, dir_path, (st.st_dev, st.st_ino));
+                        .chain(events, dir_path, (st.st_dev, st.st_ino));
                     match r {
                         Ok(true) => {}
                         Ok(false) => self.state().asked.push(Arc::downgrade(&s)),
@@ -586,10 +579,10 @@ impl Watcher {
         };
         let missing: Vec<std::path::PathBuf> = failing
             .iter()
-            .filter_map(|s| dirs::deepest_existing(&s.lease_path))
+            .filter_map(|s| deepest_existing(&s.lease_path))
             .collect();
         let mut st = self.state();
-        let (added, dropped) = st.dirs.set_creating(inotify, &missing);
+        let (added, dropped) = st.dirs.set_creating(events, &missing);
         if added {
             // Watched from now: what appeared before is looked at now.
             st.asked.extend(failing.iter().map(Arc::downgrade));
@@ -647,14 +640,13 @@ impl Watcher {
             return true;
         }
         let mut st = self.state();
-        let Some(inotify) = self.instance(&mut st).map(|f| f.as_raw_fd()) else {
+        let Some(events) = self.instance(&mut st).map(|f| f.as_raw_fd()) else {
             return false;
         };
         // SAFETY: this thread holds the state lock; the instance stays.
-        let inotify = unsafe { BorrowedFd::borrow_raw(inotify) };
+        let events = unsafe { BorrowedFd::borrow_raw(events) };
         for a in &sst.anchors {
-            let link = format!("/proc/self/fd/{}", a.fd);
-            match inotify::add_watch(inotify, link, MASK | WatchFlags::MODIFY) {
+            match fsevents::watch_held(events, a.fd, true) {
                 Ok(wd) => {
                     let e = st.entries.entry(wd).or_default();
                     e.lease = Some(Arc::downgrade(s));
@@ -695,10 +687,9 @@ pub(crate) fn begin(fd: BorrowedFd<'_>) -> Option<Ticket> {
     // Added and counted under the lock: the watcher removes unowned watches
     // (and closes the instance) under it too.
     let mut st = w.state();
-    let link = format!("/proc/self/fd/{}", fd.as_raw_fd());
     let wd = w
         .instance(&mut st)
-        .and_then(|i| inotify::add_watch(i, link, MASK).ok());
+        .and_then(|i| fsevents::watch_held(i.as_fd(), fd.as_raw_fd(), false).ok());
     if let Some(wd) = wd {
         let e = st.entries.entry(wd).or_default();
         e.pending += 1;
@@ -780,10 +771,9 @@ pub(crate) fn attach(t: Ticket, shared: &Arc<Shared>) {
 pub(crate) fn add_anchor(shared: &Arc<Shared>, fd: BorrowedFd<'_>, key: Key) {
     let Some(w) = watcher() else { return };
     let mut st = w.state();
-    let link = format!("/proc/self/fd/{}", fd.as_raw_fd());
     let wd = w
         .instance(&mut st)
-        .and_then(|i| inotify::add_watch(i, link, MASK | WatchFlags::MODIFY).ok());
+        .and_then(|i| fsevents::watch_held(i.as_fd(), fd.as_raw_fd(), true).ok());
     match wd {
         Some(wd) => {
             let e = st.entries.entry(wd).or_default();
@@ -872,7 +862,7 @@ pub fn resume() {
     };
     let mut st = w.state();
     st.paused = false;
-    if st.inotify.is_some() || !st.polled.is_empty() || !st.retry.is_empty() {
+    if st.events.is_some() || !st.polled.is_empty() || !st.retry.is_empty() {
         w.ensure_running(&mut st);
     }
 }
@@ -889,7 +879,7 @@ pub fn is_running() -> bool {
 pub fn inotify_instances() -> usize {
     // SAFETY: a leaked box, never freed.
     let held = unsafe { WATCHER.load(Ordering::Acquire).as_ref() }
-        .is_some_and(|w| w.state().inotify.is_some()) as usize;
+        .is_some_and(|w| w.state().events.is_some()) as usize;
     held + crate::platform::notify::instances()
 }
 
@@ -898,7 +888,7 @@ pub fn inotify_instances() -> usize {
 /// instance would steal its events) and start afresh when needed.
 pub(crate) fn after_fork_in_child() {
     crate::platform::notify::after_fork_in_child();
-    for fd in [&INOTIFY_FD, &MOUNTS_FD, &CTL_FD] {
+    for fd in [&INOTIFY_FD, &MOUNTS_FD, &CTL_FD[0], &CTL_FD[1]] {
         let raw = fd.swap(-1, Ordering::AcqRel);
         if raw >= 0 {
             // SAFETY: our descriptor; close is async-signal-safe.
@@ -908,5 +898,33 @@ pub(crate) fn after_fork_in_child() {
     let old = WATCHER.swap(ptr::null_mut(), Ordering::AcqRel);
     if !old.is_null() {
         ABANDONED.store(old, Ordering::Release);
+    }
+}
+
+/// The deepest directory of `lease_path` that exists now (where its
+/// missing parts will be made).
+fn deepest_existing(lease_path: &std::path::Path) -> Option<std::path::PathBuf> {
+    let mut d = crate::path::parent_of(lease_path);
+    loop {
+        if std::fs::metadata(d).is_ok_and(|m| m.is_dir()) {
+            return Some(d.to_path_buf());
+        }
+        let up = d.parent()?;
+        if up.as_os_str().is_empty() {
+            return None;
+        }
+        d = up;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn deepest_existing_directory() {
+        let d = tempfile::tempdir().unwrap();
+        let lease = d.path().join("a/b/app.db.backend-lease");
+        assert_eq!(super::deepest_existing(&lease).as_deref(), Some(d.path()));
+        std::fs::create_dir_all(d.path().join("a/b")).unwrap();
+        assert_eq!(super::deepest_existing(&lease), Some(d.path().join("a/b")));
     }
 }

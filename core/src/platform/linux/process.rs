@@ -6,81 +6,15 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
 
 use rustix::fs::{Mode, OFlags};
 
-/// The inode of the initial PID namespace (`PROC_PID_INIT_INO`): a process
-/// whose `/proc/self/ns/pid` has it sees every process of the machine.
-pub const INIT_PID_NS: u64 = 0xEFFF_FFFC;
+pub use crate::platform::common::{
+    alive, current, forget_pid_after_fork, pid, read_at_most, Credentials, FdScan, Identity,
+    KernelKey, OpenFd, INIT_PID_NS,
+};
 
-/// Who this process is, for the holder record. Fields the platform cannot
-/// provide are `None`.
-#[derive(Debug, Clone)]
-pub struct Identity {
-    pub pid: u32,
-    pub host: Option<String>,
-    pub boot_id: Option<String>,
-    pub machine_id: Option<String>,
-    pub pid_ns: Option<u64>,
-    pub proc_start: Option<u64>,
-    /// Whether `/proc` is this process's own view (so `/proc/locks` lists
-    /// the locks of every process this PID namespace can see).
-    pub proc_is_ours: bool,
-    /// The identity this one replaced (a forked parent's), kept reachable.
-    previous: Option<&'static Identity>,
-}
-
-impl Identity {
-    /// Can this process see every lock and process on the machine? Only in
-    /// the initial PID namespace with its own `/proc`: a child namespace's
-    /// `/proc/locks` silently omits locks held outside it.
-    pub fn sees_everything(&self) -> bool {
-        self.proc_is_ours && self.pid_ns == Some(INIT_PID_NS)
-    }
-}
-
-static PID: AtomicU32 = AtomicU32::new(0);
-
-/// This process's PID without a system call (cached; the fork handler
-/// forgets it in the child).
-pub fn pid() -> u32 {
-    match PID.load(Ordering::Relaxed) {
-        0 => {
-            let p = rustix::process::getpid().as_raw_nonzero().get() as u32;
-            PID.store(p, Ordering::Relaxed);
-            p
-        }
-        p => p,
-    }
-}
-
-/// Fork child handler: async-signal-safe (one atomic store).
-pub(crate) fn forget_pid_after_fork() {
-    PID.store(0, Ordering::Relaxed);
-}
-
-/// This process's identity, computed once per PID: a forked child sees its
-/// own, and the lookup takes no lock (it may run right after `fork`).
-pub fn current() -> &'static Identity {
-    static CURRENT: AtomicPtr<Identity> = AtomicPtr::new(std::ptr::null_mut());
-    let pid = pid();
-    let p = CURRENT.load(Ordering::Acquire);
-    // SAFETY: every pointer stored is a leaked Box, never freed.
-    if let Some(id) = unsafe { p.as_ref() } {
-        if id.pid == pid {
-            return id;
-        }
-    }
-    let mut id = read_identity(pid);
-    // SAFETY: as above.
-    id.previous = unsafe { p.as_ref() };
-    let fresh: &'static mut Identity = Box::leak(Box::new(id));
-    CURRENT.store(fresh, Ordering::Release);
-    fresh
-}
-
-fn read_identity(pid: u32) -> Identity {
+pub(in crate::platform) fn read_identity(pid: u32) -> Identity {
     let host = rustix::system::uname()
         .nodename()
         .to_str()
@@ -165,27 +99,6 @@ pub fn parse_start_time(stat: &[u8]) -> Option<u64> {
     rest.split_ascii_whitespace().nth(19)?.parse().ok()
 }
 
-/// What a look at another process's descriptors found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FdScan<T> {
-    Found(T),
-    NotFound,
-    /// `/proc/PID/fd` could not be read: another user, or a non-dumpable
-    /// process. Nothing can be said of its descriptors.
-    Denied,
-    /// No such process.
-    Gone,
-}
-
-/// Who a process acts as for file permissions: its filesystem uid and gid
-/// and its supplementary groups (from `/proc/PID/status`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Credentials {
-    pub uid: u32,
-    pub gid: u32,
-    pub groups: Vec<u32>,
-}
-
 pub fn credentials(pid: u32) -> Option<Credentials> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     parse_credentials(&status)
@@ -202,24 +115,6 @@ pub fn parse_credentials(status: &str) -> Option<Credentials> {
         gid: *ids("Gid:")?.get(3)?,
         groups: ids("Groups:").unwrap_or_default(),
     })
-}
-
-impl Credentials {
-    /// Would the kernel let this process write a file with this mode,
-    /// owner and group? (Root may; ACLs and capabilities other than root's
-    /// are not considered.)
-    pub fn may_write(&self, mode: u32, uid: u32, gid: u32) -> bool {
-        if self.uid == 0 {
-            return true;
-        }
-        if self.uid == uid {
-            return mode & 0o200 != 0;
-        }
-        if self.gid == gid || self.groups.contains(&gid) {
-            return mode & 0o020 != 0;
-        }
-        mode & 0o002 != 0
-    }
 }
 
 /// The descriptor numbers of `pid`.
@@ -247,15 +142,6 @@ pub fn fds_of(pid: u32) -> FdScan<Vec<u32>> {
     )
 }
 
-/// A lock as the kernel lists it: device numbers as `/proc/locks` prints
-/// them (which on overlayfs or btrfs differ from what `stat` says) and inode.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct KernelKey {
-    pub major: u32,
-    pub minor: u32,
-    pub ino: u64,
-}
-
 /// Does descriptor `fd` of `pid` belong to the open file description that
 /// owns the flock lock `key`? Its fdinfo carries the lock line only then.
 pub fn fd_holds(pid: u32, fd: u32, key: KernelKey) -> bool {
@@ -268,15 +154,6 @@ pub fn fd_holds(pid: u32, fd: u32, key: KernelKey) -> bool {
 /// through `/proc/PID/fd/N`), and only those have their fdinfo read.
 pub fn holding_fd(pid: u32, key: KernelKey) -> FdScan<u32> {
     find_fd(pid, |fd, st| st.st_ino == key.ino && fd_holds(pid, fd, key))
-}
-
-/// A descriptor of another process on a file: its number, and the file's
-/// size and link count when it was looked at.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OpenFd {
-    pub fd: u32,
-    pub size: u64,
-    pub nlink: u64,
 }
 
 /// For each of the inodes `inos` (all on one device), the descriptors of
@@ -349,7 +226,8 @@ fn find_fd(pid: u32, mut matches: impl FnMut(u32, &rustix::fs::Stat) -> bool) ->
 /// The lock this process holds through `fd`, as the kernel lists it.
 pub fn own_lock(fd: BorrowedFd<'_>) -> io::Result<Option<KernelKey>> {
     use std::os::fd::AsRawFd;
-    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))?;
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))
+        .inspect_err(|_| super::note_unavailable(super::Missing::Descriptors))?;
     Ok(info
         .lines()
         .filter(|l| l.starts_with("lock:"))
@@ -406,36 +284,6 @@ pub fn read_through_fd(pid: u32, fd: u32, limit: usize) -> io::Result<Vec<u8>> {
     read_at_most(f.as_fd(), st.st_size.max(0) as usize, limit)
 }
 
-/// Read a regular file from offset 0: one `pread` sized from `hint` (its
-/// `st_size`), more only if the file grew; at most `limit + 1` bytes, so an
-/// oversized file is seen as such.
-pub fn read_at_most(fd: BorrowedFd<'_>, hint: usize, limit: usize) -> io::Result<Vec<u8>> {
-    let cap = limit + 1;
-    let mut buf = vec![0u8; (hint + 4096).min(cap)];
-    let mut len = 0;
-    loop {
-        match rustix::io::pread(fd, &mut buf[len..], len as u64) {
-            Ok(0) => break,
-            Ok(n) => {
-                len += n;
-                if len < buf.len() {
-                    // A short read of a regular file is its end.
-                    break;
-                }
-                if buf.len() == cap {
-                    break;
-                }
-                let grow = (buf.len() * 2).min(cap);
-                buf.resize(grow, 0);
-            }
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
-    buf.truncate(len);
-    Ok(buf)
-}
-
 /// The PID namespace (the inode of `/proc/PID/ns/pid`) of a process this
 /// user may look at.
 pub fn pid_namespace(pid: u32) -> Option<u64> {
@@ -467,6 +315,23 @@ pub fn all_pids() -> io::Result<Vec<u32>> {
                 .ok()
         })
         .collect())
+}
+
+/// This process's umask, from `/proc/self/status` (reading it with
+/// `umask(2)` means setting it, which races with other threads).
+pub fn umask() -> Option<u32> {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Umask:"))
+                .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+        })
+}
+
+/// What `stat` says of the file another process has open as `fd`.
+pub fn stat_fd(pid: u32, fd: u32) -> io::Result<rustix::fs::Stat> {
+    Ok(rustix::fs::stat(format!("/proc/{pid}/fd/{fd}"))?)
 }
 
 #[cfg(test)]

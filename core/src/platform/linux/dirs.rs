@@ -24,11 +24,11 @@ use std::path::{Path, PathBuf};
 use rustix::fs::inotify::{self, WatchFlags};
 use rustix::io::Errno;
 
-use crate::path::parent_of;
+use super::fsevents::Event;
 use crate::registry::Key;
 
 /// What a directory of a lease path is watched for.
-pub(super) const CHAIN: WatchFlags = WatchFlags::MOVE_SELF
+pub(crate) const CHAIN: WatchFlags = WatchFlags::MOVE_SELF
     .union(WatchFlags::DELETE_SELF)
     .union(WatchFlags::ONLYDIR)
     .union(WatchFlags::DONT_FOLLOW);
@@ -47,7 +47,7 @@ const CREATING: WatchFlags = WatchFlags::CREATE
     .union(WatchFlags::ATTRIB);
 
 /// One watched directory (or symlink on a lease path).
-pub(super) struct Dir {
+pub struct Dir {
     pub path: PathBuf,
     /// Also watched for entries appearing (see [`CREATING`]).
     pub creating: bool,
@@ -56,7 +56,7 @@ pub(super) struct Dir {
 }
 
 #[derive(Default)]
-pub(super) struct Dirs {
+pub struct Dirs {
     /// By watch descriptor.
     pub by_wd: HashMap<i32, Dir>,
     /// A lease directory's path, whose whole chain is watched: the
@@ -65,7 +65,7 @@ pub(super) struct Dirs {
 }
 
 /// What a directory's event means.
-pub(super) enum Heard {
+pub enum Heard {
     /// Not one of these directories.
     Nothing,
     /// A directory of some lease path moved, vanished or was unmounted:
@@ -87,8 +87,9 @@ impl Dirs {
         self.chains.retain(|_, (_, wds)| !wds.contains(&wd));
     }
 
-    pub fn heard(&mut self, inotify: BorrowedFd<'_>, wd: i32, flags: inotify::ReadFlags) -> Heard {
+    pub fn heard(&mut self, inotify: BorrowedFd<'_>, ev: &Event) -> Heard {
         use inotify::ReadFlags as R;
+        let (wd, flags) = (ev.wd, ev.flags);
         let Some(dir) = self.by_wd.get(&wd) else {
             return Heard::Nothing;
         };
@@ -123,7 +124,7 @@ impl Dirs {
         inotify: BorrowedFd<'_>,
         dir_path: &Path,
         dir: Key,
-    ) -> Result<bool, Errno> {
+    ) -> std::io::Result<bool> {
         if self.is_chained(dir_path, dir) {
             return Ok(true);
         }
@@ -157,7 +158,7 @@ impl Dirs {
                 }
                 // The path changed under us: the lease's check says how.
                 Err(Errno::NOENT) | Err(Errno::NOTDIR) => return Ok(false),
-                Err(e) => return Err(e),
+                Err(e) => return Err(e.into()),
             }
         }
         // Watched from here on; did the path still lead to the same
@@ -229,25 +230,6 @@ fn ancestors(dir: &Path) -> Vec<&Path> {
     v
 }
 
-/// The deepest directory of `lease_path` that exists now (where its
-/// missing parts will be made).
-pub(super) fn deepest_existing(lease_path: &Path) -> Option<PathBuf> {
-    let mut d = parent_of(lease_path);
-    loop {
-        match rustix::fs::stat(d) {
-            Ok(st) if rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir() => {
-                return Some(d.to_path_buf())
-            }
-            _ => {}
-        }
-        let up = d.parent()?;
-        if up.as_os_str().is_empty() {
-            return None;
-        }
-        d = up;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -263,14 +245,5 @@ mod tests {
             ]
         );
         assert!(ancestors(Path::new("/")).is_empty());
-    }
-
-    #[test]
-    fn deepest_existing_directory() {
-        let d = tempfile::tempdir().unwrap();
-        let lease = d.path().join("a/b/app.db.backend-lease");
-        assert_eq!(deepest_existing(&lease).as_deref(), Some(d.path()));
-        std::fs::create_dir_all(d.path().join("a/b")).unwrap();
-        assert_eq!(deepest_existing(&lease), Some(d.path().join("a/b")));
     }
 }

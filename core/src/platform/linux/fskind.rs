@@ -7,13 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::{Error, Result};
 
-/// A filesystem as `statfs` names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FsKind {
-    pub magic: u32,
-    pub name: &'static str,
-    pub local: bool,
-}
+pub use crate::platform::common::FsKind;
 
 /// Magic numbers of `statfs(2)`, compared as u32. Local filesystems pass;
 /// network, cluster and FUSE filesystems are refused, and so is anything this

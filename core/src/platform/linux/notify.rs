@@ -102,7 +102,7 @@ static HUB: AtomicPtr<Hub> = AtomicPtr::new(ptr::null_mut());
 static ABANDONED: AtomicPtr<Hub> = AtomicPtr::new(ptr::null_mut());
 /// The descriptors, for the fork child handler to close without a lock.
 static INOTIFY_FD: AtomicI32 = AtomicI32::new(-1);
-static CTL_FD: AtomicI32 = AtomicI32::new(-1);
+static CTL_FD: [AtomicI32; 2] = [const { AtomicI32::new(-1) }; 2];
 static SPARE_FD: AtomicI32 = AtomicI32::new(-1);
 static CREATE: Mutex<()> = Mutex::new(());
 
@@ -119,7 +119,9 @@ fn hub() -> Option<&'static Hub> {
         return Some(h);
     }
     let (svc, ctl) = Service::new()?;
-    CTL_FD.store(ctl, Ordering::Release);
+    for (slot, fd) in CTL_FD.iter().zip(ctl) {
+        slot.store(fd, Ordering::Release);
+    }
     let h: &'static Hub = Box::leak(Box::new(Hub {
         svc,
         state: Mutex::new(HubState::default()),
@@ -386,7 +388,10 @@ impl ChangeWatch {
                     }
                 }
                 // No instance to be had (the user's limit): poll instead.
-                Err(_) => return false,
+                Err(_) => {
+                    super::note_unavailable(super::Missing::FileEvents);
+                    return false;
+                }
             }
         }
         let Some(fd) = &st.inotify else {
@@ -543,7 +548,7 @@ pub(crate) fn after_fork_in_child() {
         ABANDONED.store(old, Ordering::Release);
     }
     // (A spare lent to a wait is that wait's own descriptor.)
-    for fd in [&INOTIFY_FD, &CTL_FD, &SPARE_FD] {
+    for fd in [&INOTIFY_FD, &CTL_FD[0], &CTL_FD[1], &SPARE_FD] {
         let raw = fd.swap(-1, Ordering::AcqRel);
         if raw >= 0 {
             // SAFETY: our descriptor; close is async-signal-safe.
@@ -552,56 +557,12 @@ pub(crate) fn after_fork_in_child() {
     }
 }
 
-/// Cancels waits from another thread. Cancelling is permanent: a token that
-/// was cancelled cancels every wait it is given afterwards.
-#[derive(Clone, Debug)]
-pub struct CancelToken {
-    fd: Arc<OwnedFd>,
-}
-
-impl CancelToken {
-    pub fn new() -> std::io::Result<CancelToken> {
-        let fd = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
-        Ok(CancelToken { fd: Arc::new(fd) })
-    }
-
-    pub fn cancel(&self) {
-        // The counter only grows, so the descriptor stays readable.
-        let _ = rustix::io::write(&*self.fd, &1u64.to_ne_bytes());
-    }
-
-    pub fn is_cancelled(&self) -> bool {
-        let mut fds = [rustix::event::PollFd::new(
-            &*self.fd,
-            rustix::event::PollFlags::IN,
-        )];
-        let zero = rustix::event::Timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        matches!(rustix::event::poll(&mut fds, Some(&zero)), Ok(n) if n > 0)
-    }
-
-    /// Readable once cancelled (for event loops that wait on descriptors).
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
-    }
-}
+pub use crate::platform::cancel::CancelToken;
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn cancel_is_sticky() {
-        let t = CancelToken::new().unwrap();
-        assert!(!t.is_cancelled());
-        t.clone().cancel();
-        assert!(t.is_cancelled());
-        assert!(t.is_cancelled());
-    }
-
-    /// Readable within a few seconds (a thread may stand in between).
     fn readable(fd: BorrowedFd<'_>) -> bool {
         let mut fds = [rustix::event::PollFd::new(
             &fd,
