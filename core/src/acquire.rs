@@ -74,8 +74,13 @@ const POLL_MAX: Duration = Duration::from_millis(50);
 /// file events wake it, 250 ms where it looks on a timer.
 const REANCHOR_GRACE: Duration = crate::platform::fsevents::REANCHOR_GRACE;
 /// The most one acquisition spends in graces: a file replaced faster than
-/// the grace, over and over, must not starve it.
-const GRACE_BUDGET: Duration = REANCHOR_GRACE.saturating_mul(10);
+/// the grace, over and over, must not starve it (200 ms, or two graces
+/// where one is longer than 100 ms).
+const GRACE_BUDGET: Duration = if REANCHOR_GRACE.as_millis() > 100 {
+    REANCHOR_GRACE.saturating_mul(2)
+} else {
+    Duration::from_millis(200)
+};
 /// A lease file younger than this is checked for former files before it is
 /// locked (see `needs_precheck`).
 const PRECHECK_YOUNGER_THAN: Duration = Duration::from_secs(1);

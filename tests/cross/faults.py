@@ -18,6 +18,7 @@ import threading
 import time
 from typing import Callable, List, Optional, Tuple
 
+import agents as agents_mod
 from agents import RUNTIMES, Agent, HandshakeError
 
 
@@ -138,6 +139,10 @@ def _prepare(d: str) -> Tuple[str, str, str]:
 
 def _run_stress(per_process: int, copies: int, tamper: bool, split_guard: bool = True,
                 target: Optional[str] = None) -> str:
+    if agents_mod.PLATFORM == "portable" and target is None:
+        # Waits poll there (a hand-off takes up to 50 ms, not microseconds):
+        # a tenth of the critical sections, the same checks on each.
+        per_process = max(50, per_process // 10)
     d = tempfile.mkdtemp(prefix="sidelease-stress-")
     db, counter, owner = _prepare(d)
     lease_target = target or db
@@ -298,8 +303,15 @@ def lost_signal(soak: bool) -> str:
                     r = holder.recv()
                     took = time.monotonic() - t0
                     assert r.get("lost") and r.get("state") == "lost", f"{rt} trial {i}: {r}"
-                    assert str(os.getpid()) in (r.get("reason") or ""), f"{rt}: reason names the rival: {r}"
-                    assert took < 0.050, f"{rt} trial {i}: lost signal after {took * 1e3:.1f} ms"
+                    if agents_mod.PLATFORM == "portable":
+                        # No /proc/locks to name the rival; the holder looks
+                        # every 100 ms instead of hearing an event.
+                        assert r.get("reason"), f"{rt}: a reason: {r}"
+                        bound = 0.150
+                    else:
+                        assert str(os.getpid()) in (r.get("reason") or ""), f"{rt}: reason names the rival: {r}"
+                        bound = 0.050
+                    assert took < bound, f"{rt} trial {i}: lost signal after {took * 1e3:.1f} ms"
                     worst[rt] = max(worst[rt], took)
                 finally:
                     holder.close()
@@ -318,7 +330,9 @@ def threads(soak: bool) -> str:
     """8 threads x 1,000 rounds acquiring one new lease at once: every
     acquisition gets a handle on the one lease, none is refused by its own
     process."""
-    rounds = 1_000
+    # Each round is a new lease file, which the portable platform's blind
+    # acquirer gives a 250 ms grace: a tenth of the rounds there.
+    rounds = 100 if agents_mod.PLATFORM == "portable" else 1_000
     out = []
     for rt in IN_PROCESS:
         d = tempfile.mkdtemp(prefix="sidelease-threads-")

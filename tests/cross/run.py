@@ -277,7 +277,8 @@ def main() -> int:
     ap.add_argument("--pairs", help="holder:contender,... (default: all 25)")
     ap.add_argument("--soak", action="store_true", help="longer stress, crash and tamper runs")
     ap.add_argument("--no-faults", action="store_true", help="scenarios only")
-    ap.add_argument("--check", help="only the stress/fault checks whose name contains this")
+    ap.add_argument("--checks-only", action="store_true", help="the stress and fault checks only")
+    ap.add_argument("--check", help="only the stress/fault checks whose name contains this (or one of A,B,...)")
     ap.add_argument("--platform", choices=["linux", "portable"], default="linux",
                     help="the agents' platform (portable: tests/portable builds them)")
     args = ap.parse_args()
@@ -288,7 +289,7 @@ def main() -> int:
     scenarios = [json.loads(p.read_text()) for p in sorted(SCENARIOS.glob("*.json"))]
     if args.only:
         scenarios = [s for s in scenarios if s["name"] == args.only]
-    if args.check:
+    if args.check or args.checks_only:
         scenarios = []
     pairs = [tuple(p.split(":")) for p in args.pairs.split(",")] if args.pairs else [
         (h, c) for h in RUNTIMES for c in RUNTIMES
@@ -342,7 +343,7 @@ def main() -> int:
 
     if not args.no_faults and not args.only:
         for name, check in faults.CHECKS + defence.CHECKS + degraded.CHECKS + partition.CHECKS:
-            if args.check and args.check not in name:
+            if args.check and not any(c in name for c in args.check.split(",")):
                 continue
             if portable and name in PORTABLE_GIVES_NOT:
                 not_given += 1

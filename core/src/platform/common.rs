@@ -76,6 +76,15 @@ pub fn current() -> &'static Identity {
     fresh
 }
 
+/// This machine's host name (`uname`), as records name it.
+pub fn host_name() -> Option<String> {
+    rustix::system::uname()
+        .nodename()
+        .to_str()
+        .ok()
+        .map(str::to_owned)
+}
+
 /// Whether a process `pid` exists (`kill(pid, 0)`: no signal is sent); a
 /// process this user may not signal exists. `None` for a PID no process
 /// can have.

@@ -10,20 +10,15 @@ use std::path::Path;
 use rustix::fs::{Mode, OFlags};
 
 pub use crate::platform::common::{
-    alive, current, forget_pid_after_fork, pid, read_at_most, Credentials, FdScan, Identity,
-    KernelKey, OpenFd, INIT_PID_NS,
+    alive, current, forget_pid_after_fork, host_name, pid, read_at_most, Credentials, FdScan,
+    Identity, KernelKey, OpenFd, INIT_PID_NS,
 };
 
 pub(in crate::platform) fn read_identity(pid: u32) -> Identity {
-    let host = rustix::system::uname()
-        .nodename()
-        .to_str()
-        .ok()
-        .map(str::to_owned);
     let proc_self = read_link_bytes(Path::new("/proc/self")).ok();
     Identity {
         pid,
-        host,
+        host: host_name(),
         boot_id: read_trimmed("/proc/sys/kernel/random/boot_id"),
         machine_id: read_trimmed("/etc/machine-id"),
         pid_ns: rustix::fs::stat("/proc/self/ns/pid").ok().map(|s| s.st_ino),

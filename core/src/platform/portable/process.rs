@@ -7,21 +7,16 @@ use std::os::fd::BorrowedFd;
 use std::path::Path;
 
 pub use crate::platform::common::{
-    alive, current, forget_pid_after_fork, pid, read_at_most, Credentials, FdScan, Identity,
-    KernelKey, OpenFd, INIT_PID_NS,
+    alive, current, forget_pid_after_fork, host_name, pid, read_at_most, Credentials, FdScan,
+    Identity, KernelKey, OpenFd, INIT_PID_NS,
 };
 
 use super::{note_unavailable, unsupported, Missing};
 
 pub(in crate::platform) fn read_identity(pid: u32) -> Identity {
-    let host = rustix::system::uname()
-        .nodename()
-        .to_str()
-        .ok()
-        .map(str::to_owned);
     Identity {
         pid,
-        host,
+        host: host_name(),
         boot_id: None,
         machine_id: None,
         pid_ns: None,
