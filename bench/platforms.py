@@ -137,8 +137,8 @@ def main() -> int:
         "",
         f"{args.runs} runs each, on this machine; milliseconds (median | p99 | max).",
         "",
-        "| | wake latency | re-anchor window | idle CPU of a holder |",
-        "|---|---|---|---|",
+        "| | wake: median | p99 | max | re-anchor window: median | p99 | max | idle CPU of a holder |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for b, r in results.items():
         lines.append(f"| {b} | {row(r['wake_ms'])} | {row(r['window_ms'])} | "
