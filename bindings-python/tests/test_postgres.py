@@ -55,6 +55,15 @@ def _waiters(url: str) -> int:
                      f"AND a.application_name LIKE '% {name}'"))
 
 
+def _sessions(url: str) -> str:
+    """This process's sessions for the lease `url`, as the server sees them
+    (for a failure's message: which statement is still running, since when)."""
+    name = url.rsplit("lease=", 1)[1]
+    return _psql("SELECT string_agg(format('pid %s client port %s %s/%s since %s, query started %s: %s', "
+                 "pid, client_port, state, wait_event, backend_start, query_start, left(query, 60)), E'\\n') "
+                 f"FROM pg_stat_activity WHERE application_name LIKE 'sidelease {os.getpid()}@% {name}'")
+
+
 def test_acquire_async_is_woken_by_the_server_and_the_loop_keeps_running() -> None:
     url = _url()
     holder = _holder(url)
@@ -168,7 +177,7 @@ def test_many_cancelled_waits_leave_nothing_on_the_server() -> None:
         deadline = time.monotonic() + 6
         while _waiters(url) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert _waiters(url) == 0
+        assert _waiters(url) == 0, _sessions(url)
         sessions = _psql("SELECT count(*) FROM pg_stat_activity "
                          f"WHERE application_name LIKE 'sidelease {os.getpid()}@% {url.rsplit('lease=', 1)[1]}'")
         assert sessions == "0"

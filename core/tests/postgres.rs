@@ -475,13 +475,33 @@ struct Proxy {
 }
 
 fn proxy(to: String) -> Proxy {
+    proxy_that(to, false)
+}
+
+/// The protocol's CancelRequest code, the second word of its packet.
+const CANCEL_REQUEST: [u8; 4] = 80877102u32.to_be_bytes();
+
+/// A proxy that, with `drops_cancels`, closes every connection that opens
+/// with a cancel request instead of forwarding it (as a proxy that does
+/// not route cancels, or a firewall in front of the cancel port, would).
+fn proxy_that(to: String, drops_cancels: bool) -> Proxy {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
     let cut = Arc::new(AtomicBool::new(false));
     let c2 = cut.clone();
     std::thread::spawn(move || {
-        for client in l.incoming().flatten() {
-            let server = TcpStream::connect(&to).unwrap();
+        for mut client in l.incoming().flatten() {
+            let mut head = [0u8; 8];
+            if client.read_exact(&mut head).is_err() {
+                continue;
+            }
+            if drops_cancels && head[4..] == CANCEL_REQUEST {
+                continue;
+            }
+            let mut server = TcpStream::connect(&to).unwrap();
+            if server.write_all(&head).is_err() {
+                continue;
+            }
             for (mut a, mut b) in [
                 (client.try_clone().unwrap(), server.try_clone().unwrap()),
                 (server, client),
@@ -512,6 +532,60 @@ fn proxy(to: String) -> Proxy {
         }
     });
     Proxy { port, cut }
+}
+
+#[test]
+fn a_cancelled_wait_whose_cancel_never_arrives_still_leaves_the_server() {
+    let _server = sharing_the_server();
+    let port = url_port(&env("SIDELEASE_TEST_PG"));
+    let p = proxy_that(format!("127.0.0.1:{port}"), true);
+    let direct = url();
+    let name = direct.rsplit_once("lease=").unwrap().1.to_owned();
+    // In clear, so the proxy can see which connections carry a cancel.
+    let via = format!(
+        "postgresql://app:app-secret@127.0.0.1:{}/app?sslmode=disable&lease={name}",
+        p.port
+    );
+    let mut holder = spawn_holder(&direct);
+    let waiting_on_server = || {
+        psql(&format!(
+            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+             WHERE l.locktype = 'advisory' AND NOT l.granted AND a.application_name LIKE 'sidelease {}@% {name}'",
+            std::process::id(),
+        ))
+    };
+    let token = CancelToken::new().unwrap();
+    let waiting = std::thread::spawn({
+        let token = token.clone();
+        move || Lease::acquire_cancellable(&via, &Options::new().wait(Wait::Forever), &token)
+    });
+    let t = Instant::now();
+    while waiting_on_server() != "1" {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the waiter never waited"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    token.cancel();
+    let t = Instant::now();
+    let e = waiting.join().unwrap().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Cancelled);
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    // Every cancel request is lost: the session gives up asking (2 s) and
+    // closes its socket, which the server notices within its
+    // client_connection_check_interval (1 s). It must not wait, with a
+    // connection open, for a holder that may never let go.
+    while waiting_on_server() != "0" {
+        assert!(
+            t.elapsed() < Duration::from_secs(6),
+            "a waiter is still on the server {:?} after the cancel",
+            t.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    holder.kill().unwrap();
+    holder.wait().unwrap();
 }
 
 #[test]

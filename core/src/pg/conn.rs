@@ -4,6 +4,7 @@
 //! URL with its password masked.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
@@ -41,7 +42,16 @@ pub(crate) struct Conn {
 impl Conn {
     pub async fn close(self) {
         drop(self.client);
-        let _ = tokio::time::timeout(Duration::from_secs(1), self.task).await;
+        let mut task = self.task;
+        if tokio::time::timeout(Duration::from_secs(1), &mut task)
+            .await
+            .is_err()
+        {
+            // The driver keeps the socket open while a statement awaits its
+            // answer (a wait whose cancel never arrived): closing it is what
+            // ends that wait on the server (client_connection_check_interval).
+            task.abort();
+        }
     }
 }
 
@@ -295,22 +305,30 @@ pub(crate) async fn probe(target: &Target, conn: &Conn, pid: i32) -> Result<()> 
     Ok(())
 }
 
-/// Ask the server to cancel what the connection runs (a new connection
-/// carries the request).
-pub(crate) async fn cancel(target: &Target, conn: &Conn) {
+/// Ask the server to cancel what the connection runs. A new connection
+/// carries the request, in a task of its own, so that a server slow to
+/// take it cannot stretch the caller's bound on giving up.
+pub(crate) fn cancel(target: &Arc<Target>, conn: &Conn) {
     let token = conn.client.cancel_token();
-    let Ok((sock, _)) = socket::connect(&target.config, CONNECT_TIMEOUT).await else {
-        return;
-    };
     // The request goes as the session did: the token remembers its mode.
     let tls = match &conn.host {
         Some(h) if conn.tls.is_some() => target.tls.connector(h, &target.shown).ok().flatten(),
         _ => None,
     };
-    let _ = match tls {
-        Some(tls) => tokio::time::timeout(CONNECT_TIMEOUT, token.cancel_query_raw(sock, tls)).await,
-        None => tokio::time::timeout(CONNECT_TIMEOUT, token.cancel_query_raw(sock, NoTls)).await,
-    };
+    let target = target.clone();
+    tokio::spawn(async move {
+        let Ok((sock, _)) = socket::connect(&target.config, CONNECT_TIMEOUT).await else {
+            return;
+        };
+        let _ = match tls {
+            Some(tls) => {
+                tokio::time::timeout(CONNECT_TIMEOUT, token.cancel_query_raw(sock, tls)).await
+            }
+            None => {
+                tokio::time::timeout(CONNECT_TIMEOUT, token.cancel_query_raw(sock, NoTls)).await
+            }
+        };
+    });
 }
 
 /// The server's message (severity, text, SQLSTATE, hint), or the driver's

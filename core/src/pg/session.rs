@@ -578,19 +578,20 @@ impl Run {
                         Some(Cmd::Cancel) | None => Some(Step::Cancelled),
                     };
                     give_up_at = tokio::time::Instant::now() + CANCEL_GRACE;
-                    cancel(&t, conn).await;
+                    cancel(&t, conn);
                     retry.as_mut().reset(tokio::time::Instant::now() + CANCEL_RETRY);
                 }
                 _ = &mut retry, if why.is_some() => {
                     if tokio::time::Instant::now() >= give_up_at {
-                        // The caller drops this connection, and the server
-                        // ends the wait when it notices the socket closed
-                        // (client_connection_check_interval).
+                        // Close the socket now (the driver would keep it
+                        // open for the answer): the server ends the wait
+                        // when it notices (client_connection_check_interval).
+                        conn.task.abort();
                         return why.unwrap_or(Step::Cancelled);
                     }
                     // A cancel request that reaches the server before the
                     // lock request does is ignored: ask again.
-                    cancel(&t, conn).await;
+                    cancel(&t, conn);
                     retry.as_mut().reset(tokio::time::Instant::now() + CANCEL_RETRY);
                 }
             }
