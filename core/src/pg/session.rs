@@ -863,17 +863,23 @@ impl Run {
                     },
                     Some(_) => {}
                 },
-                end = &mut conn.task => {
-                    break match end {
-                        Ok(Err(e)) => format!("the server ended the lease's session: {}", describe(&e)),
-                        _ => "the server closed the lease's connection".to_owned(),
-                    };
-                }
+                end = &mut conn.task => break Beat::Ended(end),
                 _ = tokio::time::sleep_until(next) => match beat(&conn, pid, &confirmed).await {
                     Ok(()) => next = tokio::time::Instant::now() + confirmed.interval(),
                     Err(why) => break why,
                 },
             }
+        };
+        let lost = match lost {
+            Beat::Lost(why) => why,
+            Beat::Ended(end) => ended(end),
+            // The server's reason (a FATAL such as "terminating connection
+            // due to administrator command") reaches the driver's task,
+            // which may read it a moment after the statement failed.
+            Beat::Closed(why) => match tokio::time::timeout(ENDED_GRACE, &mut conn.task).await {
+                Ok(end @ Ok(Err(_))) => ended(end),
+                _ => why,
+            },
         };
         // Close the connection first, so the server can end the session
         // (and free the lock) while the loss callbacks run.
@@ -899,9 +905,36 @@ impl Run {
     }
 }
 
+/// Why a held session ended.
+enum Beat {
+    Lost(String),
+    /// A statement failed because the connection closed.
+    Closed(String),
+    /// The driver's task ended.
+    Ended(
+        std::result::Result<std::result::Result<(), tokio_postgres::Error>, tokio::task::JoinError>,
+    ),
+}
+
+/// How long a loss waits for the server's reason after a statement found
+/// the connection closed.
+const ENDED_GRACE: Duration = Duration::from_millis(250);
+
+fn ended(
+    end: std::result::Result<
+        std::result::Result<(), tokio_postgres::Error>,
+        tokio::task::JoinError,
+    >,
+) -> String {
+    match end {
+        Ok(Err(e)) => format!("the server ended the lease's session: {}", describe(&e)),
+        _ => "the server closed the lease's connection".to_owned(),
+    }
+}
+
 /// One heartbeat: the server must answer, from this connection's own
 /// session, before the bound passes; `Err` says why the lease is lost.
-async fn beat(conn: &Conn, pid: i32, confirmed: &Confirmed) -> std::result::Result<(), String> {
+async fn beat(conn: &Conn, pid: i32, confirmed: &Confirmed) -> std::result::Result<(), Beat> {
     let bound = confirmed.bound().as_secs_f64();
     let silent = || {
         format!(
@@ -911,7 +944,7 @@ async fn beat(conn: &Conn, pid: i32, confirmed: &Confirmed) -> std::result::Resu
         )
     };
     if confirmed.expired() {
-        return Err(silent());
+        return Err(Beat::Lost(silent()));
     }
     let sent = Confirmed::clock();
     let left = confirmed.bound().saturating_sub(confirmed.age());
@@ -920,16 +953,23 @@ async fn beat(conn: &Conn, pid: i32, confirmed: &Confirmed) -> std::result::Resu
             if confirmed.answered(sent) {
                 Ok(())
             } else {
-                Err(silent())
+                Err(Beat::Lost(silent()))
             }
         }
-        Ok(Ok((now, _))) => Err(format!(
+        Ok(Ok((now, _))) => Err(Beat::Lost(format!(
             "the heartbeat ran in another server session (pid {pid}, then {now}): a \
              transaction- or statement-mode pooler sits between this process and the server, \
              and the lock stayed with the old session"
-        )),
-        Ok(Err(e)) => Err(format!("the lease's session failed: {}", describe(&e))),
-        Err(_) => Err(silent()),
+        ))),
+        Ok(Err(e)) if e.is_closed() => Err(Beat::Closed(format!(
+            "the lease's session failed: {}",
+            describe(&e)
+        ))),
+        Ok(Err(e)) => Err(Beat::Lost(format!(
+            "the lease's session failed: {}",
+            describe(&e)
+        ))),
+        Err(_) => Err(Beat::Lost(silent())),
     }
 }
 
