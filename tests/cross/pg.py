@@ -12,16 +12,7 @@ import uuid
 SECRETS = ("app-secret", "WRONGPW", "S3KRTw", "HUNTER2")
 
 
-# The server URL scenarios use (None: SIDELEASE_TEST_PG, the server
-# itself), and parameters after the lease name: the runner points them at
-# PgBouncer, and at the server over verify-full TLS, for more passes.
-BASE: "str | None" = None
-PARAMS = ""
-
-
 def base() -> str:
-    if BASE:
-        return BASE
     url = os.environ.get("SIDELEASE_TEST_PG")
     if not url:
         raise RuntimeError("SIDELEASE_TEST_PG is not set: run eval \"$(bash tests/pg/cluster start)\" first "
@@ -29,8 +20,11 @@ def base() -> str:
     return url
 
 
-def lease_url(tag: str) -> str:
-    return f"{base()}?lease=cross-{tag}-{uuid.uuid4().hex[:8]}{PARAMS}"
+def lease_url(tag: str, via: "tuple[str, str] | None" = None) -> str:
+    """A new lease name on the server, or on `via` (a base URL and the
+    parameters after the lease name) when given."""
+    b, params = via if via else (base(), "")
+    return f"{b}?lease=cross-{tag}-{uuid.uuid4().hex[:8]}{params}"
 
 
 def shown(url: str) -> str:
@@ -54,10 +48,13 @@ def psql_db(db: str, sql: str) -> str:
     return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip()
 
 
-def wait_blocked(within: float = 10.0) -> None:
-    """Until some session waits for an advisory lock."""
+def wait_blocked(pids: "list[int]", within: float = 10.0) -> None:
+    """Until a session of one of the client processes `pids` waits for an
+    advisory lock."""
+    names = " OR ".join(f"a.application_name LIKE 'sidelease {int(p)}@%'" for p in pids) or "false"
     deadline = time.monotonic() + within
-    while psql("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted") == "0":
+    while psql("SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+               f"WHERE l.locktype = 'advisory' AND NOT l.granted AND ({names})") == "0":
         if time.monotonic() > deadline:
             raise AssertionError("nobody ever waited for the advisory lock")
         time.sleep(0.02)

@@ -3,7 +3,7 @@ ordered pair (holder runtime x contender runtime), then the stress, crash
 injection and tampering runs. Ends with "N passed, N failed".
 
     python tests/cross/run.py [--only SCENARIO | --check NAME] [--pairs rust:c,...] [--soak]
-                              [--platform portable]
+                              [--platform portable] [--jobs N]
 
 With --platform portable the Rust, C and Python agents built on the
 portable platform run (tests/portable). A scenario or check whose
@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -56,7 +57,7 @@ PORTABLE_UNSEEN = {"live", "image-replaced"}
 class Context:
     """One scenario run: its directory, its agents, saved values."""
 
-    def __init__(self, holder: str, contender: str) -> None:
+    def __init__(self, holder: str, contender: str, via: Optional[Tuple[str, str]] = None) -> None:
         self.dir = tempfile.mkdtemp(prefix="sidelease-cross-")
         self.runtimes = {"holder": holder, "contender": contender, "third": contender}
         self.agents: Dict[str, Agent] = {}
@@ -71,7 +72,7 @@ class Context:
         os.mkdir(self.sub)
         self.subdb = os.path.join(self.sub, "app.db")
         self.cleanups: List[Any] = []
-        self.pg = pg.lease_url(os.path.basename(self.dir))
+        self.pg = pg.lease_url(os.path.basename(self.dir), via)
         # A PostgreSQL scenario: the server names the holder on any platform.
         self.pg_lease = False
 
@@ -204,7 +205,7 @@ def run_step(ctx: Context, step: Dict[str, Any]) -> None:
             time.sleep(0.002)
         return
     elif kind == "pg_blocked":  # someone waits for an advisory lock on the server
-        pg.wait_blocked()
+        pg.wait_blocked([a.pid for a in ctx.agents.values()])
         return
     elif kind == "pg_terminate":  # end the agent's lease sessions from the server
         n = pg.terminate(ctx.agent(who).pid)
@@ -257,13 +258,14 @@ def run_step(ctx: Context, step: Dict[str, Any]) -> None:
         ctx.saved[key] = dig(got, path)
 
 
-def run_scenario(sc: Dict[str, Any], holder: str, contender: str) -> Tuple[str, str]:
+def run_scenario(sc: Dict[str, Any], holder: str, contender: str,
+                 via: Optional[Tuple[str, str]] = None) -> Tuple[str, str]:
     missing = set(sc.get("holder_needs", [])) - CAPABILITIES[holder]
     if missing:
         return "n/a", f"{holder} cannot {', '.join(sorted(missing))}"
     if "root" in sc.get("needs", []) and os.geteuid() != 0:
         return "n/a", "needs root (mount)"
-    ctx = Context(holder, contender)
+    ctx = Context(holder, contender, via)
     ctx.pg_lease = sc["name"].startswith("pg-")
     try:
         for i, step in enumerate(sc["steps"]):
@@ -286,6 +288,7 @@ def main() -> int:
     ap.add_argument("--no-faults", action="store_true", help="scenarios only")
     ap.add_argument("--checks-only", action="store_true", help="the stress and fault checks only")
     ap.add_argument("--check", help="only the stress/fault checks whose name contains this (or one of A,B,...)")
+    ap.add_argument("--jobs", type=int, default=3, help="scenario runs on files side by side (default 3)")
     ap.add_argument("--platform", choices=["linux", "portable"], default="linux",
                     help="the agents' platform (portable: tests/portable builds them)")
     args = ap.parse_args()
@@ -319,19 +322,28 @@ def main() -> int:
         tls_base = os.environ["SIDELEASE_TEST_PG"].replace("@127.0.0.1:", "@localhost:")
         params = f"&sslmode=verify-full&sslrootcert={pki}/ca.crt"
         runs += [({**sc, "contenders": ["rust"]}, ("verify-full", tls_base, params)) for sc in pg_scenarios]
-    for sc, via in runs:
-        pg.BASE, pg.PARAMS = (via[1], via[2]) if via else (None, "")
+    # A scenario may name the contenders it needs (the holder's runtime is
+    # what it tests; every contender runs the same core): fewer pairs,
+    # every holder.
+    def pairs_of(sc: Dict[str, Any]) -> List[Tuple[str, str]]:
+        return [p for p in pairs if p[1] in sc.get("contenders", [p[1]])]
+
+    # Scenario runs go side by side: each has a directory, a lease name and
+    # agents of its own (a PostgreSQL one waits for its own agents'
+    # sessions), and no bound in them is under a second.
+    pool = ThreadPoolExecutor(max_workers=max(1, args.jobs))
+    ahead = [None if portable and sc.get("portable") else
+             [pool.submit(run_scenario, sc, h, c, via[1:] if via else None) for h, c in pairs_of(sc)]
+             for sc, via in runs]
+    for (sc, via), futures in zip(runs, ahead):
         tag = f" ({via[0]})" if via else ""
-        if portable and sc.get("portable"):
+        if futures is None:
             not_given += 1
             print(f"{sc['name'] + tag:<32} not given on the portable platform: {sc['portable']}", flush=True)
             continue
         results = []
-        # A scenario may name the contenders it needs (the holder's runtime
-        # is what it tests; every contender runs the same core): fewer
-        # pairs, every holder.
-        for holder, contender in [p for p in pairs if p[1] in sc.get("contenders", [p[1]])]:
-            status, detail = run_scenario(sc, holder, contender)
+        outcomes = ((f.result(), hc) for f, hc in zip(futures, pairs_of(sc)))
+        for (status, detail), (holder, contender) in outcomes:
             results.append(status)
             if status == "pass":
                 passed += 1
@@ -344,7 +356,7 @@ def main() -> int:
         label = sc["name"] + tag
         print(f"{label:<32} pass {results.count('pass'):>2}  fail {results.count('fail'):>2}  "
               f"n/a {results.count('n/a'):>2}", flush=True)
-    pg.BASE, pg.PARAMS = None, ""
+    pool.shutdown()
     print(f"scenarios x pairs: {passed} passed, {failed} failed, {na} not applicable "
           f"(Node and Bun cannot exec or fork themselves) in {time.monotonic() - start:.1f}s", flush=True)
 
