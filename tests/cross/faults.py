@@ -137,8 +137,14 @@ def _prepare(d: str) -> Tuple[str, str, str]:
     return db, counter, owner
 
 
+# Damage that replaces the file at the path, and damage in place (same inode).
+PATH_DAMAGE = ("unlink_recreate", "replace", "unlink")
+IN_PLACE_DAMAGE = ("truncate", "garbage")
+
+
 def _run_stress(per_process: int, copies: int, tamper: bool, split_guard: bool = True,
-                target: Optional[str] = None) -> str:
+                target: Optional[str] = None,
+                damage: Tuple[str, ...] = IN_PLACE_DAMAGE + PATH_DAMAGE) -> str:
     if agents_mod.PLATFORM == "portable" and target is None:
         # Waits poll there (a hand-off takes up to 50 ms, not microseconds):
         # a tenth of the critical sections, the same checks on each.
@@ -154,7 +160,7 @@ def _run_stress(per_process: int, copies: int, tamper: bool, split_guard: bool =
         lease = db + ".backend-lease"
         rnd = random.Random(7)
         while not stop.is_set():
-            op = rnd.choice(["unlink_recreate", "replace", "truncate", "garbage", "unlink"])
+            op = rnd.choice(damage)
             try:
                 if op == "truncate":
                     os.truncate(lease, 0)
@@ -208,6 +214,14 @@ def mutual_exclusion(soak: bool) -> str:
 
 def tampering(soak: bool) -> str:
     return _run_stress(5_000 if soak else 1_000, 1, tamper=True)
+
+
+def tampering_in_place(soak: bool) -> str:
+    """Truncation and garbage written over the live record (a log rotation's
+    copytruncate, a stray write): the file keeps its inode, so the kernel
+    refuses every contender on both platforms and the holder writes its
+    record back."""
+    return _run_stress(2_000 if soak else 300, 1, tamper=True, damage=IN_PLACE_DAMAGE)
 
 
 def tampering_guard_off(soak: bool) -> str:
@@ -467,6 +481,7 @@ CHECKS: List[Tuple[str, Callable[[bool], str]]] = [
     ("crash injection", crash_injection),
     ("tampering", tampering),
     ("tampering, split guard off", tampering_guard_off),
+    ("tampering in place", tampering_in_place),
     ("re-anchor", reanchor),
     ("lost signal", lost_signal),
     ("threads", threads),

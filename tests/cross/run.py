@@ -49,6 +49,11 @@ PORTABLE_GIVES_NOT: Dict[str, str] = {
               "refuses the rest)",
     "crowds and directories": "the same race, with the lease's directory swapped (the holder finds "
                               "the new path on its next look, 100 ms later)",
+    "tampering": "the same race: the file is deleted or replaced every 1-10 ms while the other processes "
+                 "wait for it, and within the holder's 100 ms look one of them wins the file at the path "
+                 "(the in-place damage alone is checked by 'tampering in place')",
+    "tampering, split guard off": "the same race as 'tampering' (on Linux the holder's watch alone "
+                                  "puts the file back first)",
 }
 # Record judgements that need the kernel to name the lock's holders.
 PORTABLE_UNSEEN = {"live", "image-replaced"}
