@@ -34,7 +34,7 @@ BUILDS = {"linux": None, "portable": str(ROOT / "target/portable/python")}
 
 # The measuring side: one process per build, driving holders it starts.
 MEASURE = textwrap.dedent(r'''
-    import fcntl, json, os, subprocess, sys, tempfile, threading, time
+    import fcntl, json, os, shutil, subprocess, sys, tempfile, threading, time
     import sidelease
     runs = int(sys.argv[1])
     HOLDER = """
@@ -104,6 +104,7 @@ MEASURE = textwrap.dedent(r'''
     idle = float(h.stdout.readline()) / 3.0
     h.stdin.write("done\n"); h.stdin.flush()
     h.stdout.readline(); h.wait()
+    shutil.rmtree(d)
     print(json.dumps({"platform": platform, "wake_ms": wake, "window_ms": window,
                       "idle_cpu_per_s": idle}))
 ''')

@@ -10,8 +10,27 @@ export const STEP = 10_000;
 export const here = path.dirname(fileURLToPath(import.meta.url));
 export const isBun = Boolean(process.versions.bun);
 
+// Every directory a test made goes when its process exits, so a run
+// leaves /tmp as it found it. A lease held until exit (the garbage
+// collection test) is still watched then, and its holder would put the
+// file back between the removal's unlink and rmdir: the directory is moved
+// aside first, so the holder looks for its path where nothing is.
+const made = [];
+process.on('exit', () => {
+  for (const d of made) {
+    try {
+      fs.renameSync(d, `${d}.gone`);
+      fs.rmSync(`${d}.gone`, { recursive: true, force: true, maxRetries: 5, retryDelay: 1 });
+    } catch (e) {
+      process.stderr.write(`could not remove the test directory ${d}: ${e.message}\n`);
+    }
+  }
+});
+
 export function tmpdir() {
-  return fs.mkdtempSync(path.join(os.tmpdir(), 'sidelease-js-'));
+  const d = fs.mkdtempSync(path.join(os.tmpdir(), 'sidelease-js-'));
+  made.push(d);
+  return d;
 }
 
 export function withTimeout(promise, ms, what) {

@@ -31,7 +31,8 @@ function start(db) {
 }
 
 test('one Bun server per database; the second names the first', async () => {
-  const db = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'sidelease-bun-')), 'app.db');
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'sidelease-bun-'));
+  const db = path.join(dir, 'app.db');
   const a = start(db);
   try {
     const port = await a.port;
@@ -52,5 +53,6 @@ test('one Bun server per database; the second names the first', async () => {
     await c.exited;
   } finally {
     if (a.proc.exitCode === null) a.proc.kill('SIGKILL');
+    fs.rmSync(dir, { recursive: true, force: true });
   }
 });
