@@ -190,11 +190,8 @@ impl fmt::Display for Contention {
                 }
             }
         }
-        if crate::pg::is_target(&self.lease_path) {
-            write!(f, " [lease {}]", self.lease_path.display())
-        } else {
-            write!(f, " [lease file {}]", self.lease_path.display())
-        }
+        let noun = crate::backend::Engine::noun_of(&self.lease_path);
+        write!(f, " [{noun} {}]", self.lease_path.display())
     }
 }
 

@@ -73,7 +73,6 @@ extern "C" fn child() {
     WINDOWS.store(0, SeqCst);
     FORKING.store(0, SeqCst);
     crate::registry::after_fork_in_child();
-    crate::watch::after_fork_in_child();
-    crate::pg::after_fork_in_child();
+    crate::backend::after_fork_in_child();
     crate::platform::process::forget_pid_after_fork();
 }

@@ -5,16 +5,15 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use rustix::fs::FlockOperation;
-
-use crate::access::Access;
+use crate::backend::Held;
 use crate::error::{Error, Lost, Result};
+use crate::file::access::Access;
+use crate::file::FileHold;
 use crate::options::Options;
 use crate::pending::Pending;
 use crate::platform::notify::CancelToken;
-use crate::platform::process;
 use crate::platform::wakefd::WakeFd;
-use crate::record::{self, Content, Record};
+use crate::record::{Content, Record};
 use crate::registry::{self, Key};
 
 /// One locked lease file. A lease starts with one; the holder's watch adds
@@ -95,8 +94,8 @@ pub(crate) struct Shared {
     handles: AtomicUsize,
     state: Mutex<State>,
     lost_fd: OnceLock<WakeFd>,
-    /// A lease on a PostgreSQL server: its session's thread (no anchors).
-    pub pg: Option<crate::pg::Link>,
+    /// The engine's half: what release, check and loss do for this lease.
+    pub hold: Box<dyn Held>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -133,7 +132,7 @@ impl Shared {
             writable,
             init.access,
             vec![init.anchor],
-            None,
+            Box::new(FileHold),
         );
         s.emptied = init.emptied;
         s.watched = init.watched;
@@ -142,13 +141,14 @@ impl Shared {
         s
     }
 
-    /// A PostgreSQL lease: no lease file, the session is the lock.
+    /// A lease held on a server: no lease file, `hold` is the lock and
+    /// `shown` names it (a URL with its secrets masked).
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    pub(crate) fn new_pg(
+    pub(crate) fn new_remote(
         shown: PathBuf,
         record: Record,
         previous: Content,
-        link: crate::pg::Link,
+        hold: Box<dyn Held>,
     ) -> Shared {
         let access = Access {
             mode: 0,
@@ -164,7 +164,7 @@ impl Shared {
             true,
             access,
             Vec::new(),
-            Some(link),
+            hold,
         )
     }
 
@@ -175,7 +175,7 @@ impl Shared {
         writable: bool,
         access: Access,
         anchors: Vec<Anchor>,
-        pg: Option<crate::pg::Link>,
+        hold: Box<dyn Held>,
     ) -> Shared {
         Shared {
             epoch: registry::epoch(),
@@ -201,7 +201,7 @@ impl Shared {
                 contended_by: Vec::new(),
             }),
             lost_fd: OnceLock::new(),
-            pg,
+            hold,
         }
     }
 
@@ -218,7 +218,6 @@ impl Shared {
     }
 
     /// Wake whoever waits on the lost descriptor.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn ring_lost_fd(&self) {
         if let Some(fd) = self.lost_fd.get() {
             fd.ring();
@@ -356,59 +355,15 @@ impl Lease {
         if self.released.swap(true, Ordering::AcqRel) || !self.is_current() {
             return Ok(());
         }
-        let s = &self.shared;
-        if let Some(link) = &s.pg {
-            return crate::pg::release(s, link);
-        }
-        let reg = registry::get();
-        let mut g = reg.lock();
-        if !s.drop_handle() {
-            return Ok(());
-        }
-        g.forget(s);
-        let (anchors, inherited) = {
-            let mut st = s.state();
-            st.phase = match std::mem::replace(&mut st.phase, Phase::Released) {
-                Phase::Lost(l) => Phase::Lost(l),
-                _ => Phase::Released,
-            };
-            (std::mem::take(&mut st.anchors), st.inherited)
-        };
-        // Wake whoever waits on the lost descriptor: the wait is over.
-        if let Some(fd) = s.lost_fd.get() {
-            fd.ring();
-        }
-        crate::watch::forget(s);
-        let stamp = record::now_rfc3339();
-        let mut probe = None;
-        for a in anchors {
-            if Some(a.key) == inherited {
-                // Another process holds this descriptor on purpose: the lock
-                // must stay while it does. Record the release only if nobody
-                // holds it once ours is closed.
-                registry::close_listed(a.fd, a.slot);
-                probe = Some(a);
-                continue;
-            }
-            if a.writable {
-                let line = Record::released_line(&a.line, &stamp);
-                // Not written: the record says unreleased, the safe side.
-                let _ = write_padded(a.fd(), &s.lease_path, &line, a.len);
-            }
-            // Unlock before closing: a child forked a moment ago that has not
-            // run its fork handler yet shares this open file description.
-            let _ = rustix::fs::flock(a.fd(), FlockOperation::Unlock);
-            registry::close_listed(a.fd, a.slot);
-        }
-        if let Some(a) = probe {
-            record_release_if_free(s, &a, &stamp);
-        }
-        drop(g);
-        Ok(())
+        self.shared.hold.release(&self.shared)
     }
 
     pub(crate) fn shared_arc(&self) -> Arc<Shared> {
         self.shared.clone()
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
     }
 
     /// Whether this handle was released.
@@ -442,29 +397,7 @@ impl Lease {
     /// Does the lease path still name a file this lease has locked?
     pub fn check(&self) -> Result<Check> {
         let s = self.live()?;
-        if let Some(link) = &s.pg {
-            // No path to name the lock: the session is the lease.
-            crate::pg::expire(s, link);
-            return match &s.state().phase {
-                Phase::Lost(l) => Err(Error::Lost(Box::new(l.clone()))),
-                _ => Ok(Check::Held),
-            };
-        }
-        for path in s.paths() {
-            match rustix::fs::lstat(path) {
-                Ok(st) if st.st_nlink > 0 => {
-                    let key = (st.st_dev, st.st_ino);
-                    if !s.state().anchors.iter().any(|a| a.key == key) {
-                        return Ok(Check::Replaced);
-                    }
-                }
-                Ok(_) | Err(rustix::io::Errno::NOENT) | Err(rustix::io::Errno::NOTDIR) => {
-                    return Ok(Check::Unlinked)
-                }
-                Err(e) => return Err(Error::io("lstat", path, e)),
-            }
-        }
-        Ok(Check::Held)
+        s.hold.check(&self.shared)
     }
 
     /// Held, lost (the holder's watch found the lease file replaced or
@@ -474,9 +407,7 @@ impl Lease {
         if self.is_released() || !self.is_current() {
             return LeaseState::Released;
         }
-        if let Some(link) = &self.shared.pg {
-            crate::pg::expire(&self.shared, link);
-        }
+        self.shared.hold.refresh(&self.shared);
         match &self.shared.state().phase {
             Phase::Held => LeaseState::Held,
             Phase::Lost(l) => LeaseState::Lost(l.clone()),
@@ -508,29 +439,7 @@ impl Lease {
         if let Phase::Lost(l) = &s.state().phase {
             return Err(Error::Lost(Box::new(l.clone())));
         }
-        if let Some(link) = &s.pg {
-            // A PostgreSQL lease is only as sure as the server's last answer.
-            return crate::pg::check_confirmed(s, link);
-        }
-        if self.whole()? {
-            return Ok(());
-        }
-        if s.watched {
-            crate::anchor::check_now(&self.shared);
-            if let Phase::Lost(l) = &s.state().phase {
-                return Err(Error::Lost(Box::new(l.clone())));
-            }
-            if self.whole()? {
-                return Ok(());
-            }
-        }
-        Err(Error::io(
-            "open",
-            &s.lease_path,
-            std::io::Error::other(
-                "the lease file is no longer at its path and could not be put back yet",
-            ),
-        ))
+        s.hold.ensure_held(self)
     }
 
     /// [`Lease::ensure_held`], and for a PostgreSQL lease ask the server
@@ -539,18 +448,10 @@ impl Lease {
     /// and the bound has not passed yet (unknown, not lost).
     pub fn ensure_held_now(&self) -> Result<()> {
         let s = self.live()?;
-        if let Some(link) = &s.pg {
-            if let Phase::Lost(l) = &s.state().phase {
-                return Err(Error::Lost(Box::new(l.clone())));
-            }
-            return crate::pg::confirm_now(s, link);
+        if let Phase::Lost(l) = &s.state().phase {
+            return Err(Error::Lost(Box::new(l.clone())));
         }
-        self.ensure_held()
-    }
-
-    /// Does the lease path name a file this lease holds?
-    fn whole(&self) -> Result<bool> {
-        Ok(self.check()? == Check::Held)
+        s.hold.ensure_held_now(self)
     }
 
     /// A descriptor that turns readable when the lease is lost, or when its
@@ -597,7 +498,7 @@ impl Lease {
     /// Whether this lease lives on a PostgreSQL server (its `lease_path`
     /// and `target` are then the URL, password masked).
     pub fn is_postgres(&self) -> bool {
-        self.shared.pg.is_some()
+        self.shared.hold.engine() == crate::backend::Engine::Pg
     }
 
     pub fn lease_path(&self) -> &Path {
@@ -681,21 +582,7 @@ impl Lease {
     /// only if no process holds the lease file any more.
     pub fn inheritable_fd(&self) -> Result<OwnedFd> {
         let s = self.live()?;
-        if s.pg.is_some() {
-            return Err(Error::invalid(
-                "lease",
-                "a PostgreSQL lease has no descriptor to hand on: its session lives in this process",
-            ));
-        }
-        let mut st = s.state();
-        let a = st
-            .anchors
-            .last()
-            .ok_or_else(|| Error::invalid("lease", "this lease holds no descriptor"))?;
-        let key = a.key;
-        let fd = rustix::io::dup(a.fd()).map_err(|e| Error::io("dup", &s.lease_path, e))?;
-        st.inherited = Some(key);
-        Ok(fd)
+        s.hold.hand_on(s)
     }
 }
 
@@ -703,64 +590,4 @@ impl Drop for Lease {
     fn drop(&mut self) {
         let _ = self.release();
     }
-}
-
-/// After closing a lease whose descriptor another process keeps: if the
-/// lease file can be locked now, nobody holds it any more, so the release
-/// is recorded (into our own record only); otherwise it is not.
-fn record_release_if_free(s: &Shared, a: &Anchor, stamp: &str) {
-    use rustix::fs::{Mode, OFlags};
-    let flags = OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY;
-    let Ok(Ok((fd, slot))) =
-        registry::open_listed(|| Ok(rustix::fs::open(&s.lease_path, flags, Mode::empty())?))
-    else {
-        return;
-    };
-    // SAFETY: open until close_listed below.
-    let bfd = unsafe { BorrowedFd::borrow_raw(fd) };
-    let same = rustix::fs::fstat(bfd).is_ok_and(|st| (st.st_dev, st.st_ino) == a.key);
-    if same && rustix::fs::flock(bfd, FlockOperation::NonBlockingLockExclusive).is_ok() {
-        let bytes = process::read_at_most(bfd, a.len, record::RECORD_MAX_BYTES).unwrap_or_default();
-        let ours = matches!(Content::parse(&bytes), Content::Record(r)
-            if r.nonce.is_some() && r.nonce == s.record.nonce);
-        if ours && a.writable {
-            let line = Record::released_line(&a.line, stamp);
-            let _ = write_padded(bfd, &s.lease_path, &line, bytes.len());
-        }
-        let _ = rustix::fs::flock(bfd, FlockOperation::Unlock);
-    }
-    registry::close_listed(fd, slot);
-}
-
-/// Write a record line in place at offset 0, padded with spaces to the
-/// file's current length `len` so no `ftruncate` is needed; a file far
-/// longer than the line (a big record once) is cut instead. Never a
-/// temporary file renamed over the lease file. Returns the file's length.
-pub(crate) fn write_padded(
-    fd: BorrowedFd<'_>,
-    path: &Path,
-    line: &[u8],
-    len: usize,
-) -> Result<usize> {
-    const CUT_ABOVE: usize = 8 * 1024;
-    let cut = len > CUT_ABOVE && len > 2 * line.len();
-    let data = if cut {
-        std::borrow::Cow::Borrowed(line)
-    } else {
-        record::padded(line, len)
-    };
-    let mut done = 0;
-    while done < data.len() {
-        match rustix::io::pwrite(fd, &data[done..], done as u64) {
-            Ok(0) => return Err(Error::io("pwrite", path, rustix::io::Errno::NOSPC)),
-            Ok(n) => done += n,
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(e) => return Err(Error::io("pwrite", path, e)),
-        }
-    }
-    if cut {
-        rustix::fs::ftruncate(fd, data.len() as u64)
-            .map_err(|e| Error::io("ftruncate", path, e))?;
-    }
-    Ok(data.len().max(if cut { 0 } else { len }))
 }

@@ -21,13 +21,10 @@
 //!
 //! This crate is the one core the C, Python, Node and Bun surfaces share.
 
-mod access;
-mod acquire;
-mod anchor;
+mod backend;
 mod error;
+mod file;
 mod forkgate;
-mod guard;
-mod holders;
 mod inspect;
 mod lease;
 mod nonce;
@@ -36,14 +33,13 @@ mod path;
 mod pending;
 pub mod pg;
 pub mod platform;
-mod previous;
 pub mod record;
 mod registry;
 mod service;
-pub mod watch;
 
 pub use error::{os_message as error_text, Contention, Error, ErrorKind, Lost, Result};
-pub use guard::Orphan;
+pub use file::guard::Orphan;
+pub use file::watch;
 pub use inspect::{inspect, Inspection, RecordStatus, ServerHolder, State};
 pub use lease::{Check, Lease, LeaseState};
 pub use options::{Options, Wait, DEFAULT_SUFFIX};

@@ -8,24 +8,15 @@ use std::time::{Duration, Instant};
 
 use rustix::io::Errno;
 
-use crate::acquire::FilePending;
+use crate::backend::InFlight;
 use crate::error::{Error, Result};
 use crate::lease::Lease;
 use crate::options::{Options, Wait};
-use crate::pg;
 use crate::platform::notify::CancelToken;
-
-// One per acquisition, on the caller's stack: boxing the file variant would
-// add an allocation to every file acquisition.
-#[allow(clippy::large_enum_variant)]
-enum Inner {
-    File(FilePending),
-    Pg(pg::Attempt),
-}
 
 /// One acquisition in progress.
 pub struct Pending {
-    inner: Inner,
+    inner: InFlight,
     wait: Wait,
 }
 
@@ -34,13 +25,8 @@ impl Pending {
     /// PostgreSQL URL and start connecting).
     pub fn new(target: &Path, options: &Options) -> Result<Pending> {
         options.validate()?;
-        let inner = if pg::classify(target)? {
-            Inner::Pg(pg::attempt(target, options)?)
-        } else {
-            Inner::File(FilePending::new(target, options)?)
-        };
         Ok(Pending {
-            inner,
+            inner: InFlight::start(target, options)?,
             wait: options.wait,
         })
     }
@@ -48,69 +34,46 @@ impl Pending {
     /// The lease file's path (canonical once it was opened); for a
     /// PostgreSQL lease, its URL with the password masked.
     pub fn lease_path(&self) -> &Path {
-        match &self.inner {
-            Inner::File(f) => f.lease_path(),
-            Inner::Pg(p) => p.shown(),
-        }
+        self.inner.get().lease_path()
     }
 
     /// The path the caller protects (the URL for a PostgreSQL lease).
     pub fn target(&self) -> PathBuf {
-        match &self.inner {
-            Inner::File(f) => f.target(),
-            Inner::Pg(p) => p.shown().to_path_buf(),
-        }
+        self.inner.get().target()
     }
 
     /// One non-blocking attempt. `Ok(None)`: someone else holds the lease
     /// (or a young lease file is being given its grace, or the PostgreSQL
     /// server has not answered yet).
     pub fn try_acquire(&mut self) -> Result<Option<Lease>> {
-        match &mut self.inner {
-            Inner::File(f) => f.try_acquire(),
-            Inner::Pg(p) => p.try_acquire(),
-        }
+        self.inner.get_mut().try_acquire()
     }
 
     /// The descriptor that turns readable when it is worth another attempt,
     /// or `None` when the waiter must poll (no inotify instance to be had).
     pub fn wait_fd(&self) -> Option<BorrowedFd<'_>> {
-        match &self.inner {
-            Inner::File(f) => f.wait_fd(),
-            Inner::Pg(p) => Some(p.wait_fd()),
-        }
+        self.inner.get().wait_fd()
     }
 
     /// How long to sleep before the next attempt if no event comes.
     pub fn next_check(&mut self) -> Duration {
-        match &mut self.inner {
-            Inner::File(f) => f.next_check(),
-            Inner::Pg(p) => p.next_check(),
-        }
+        self.inner.get_mut().next_check()
     }
 
     /// Note that `wait_fd` turned readable.
     pub fn woke(&mut self) {
-        if let Inner::File(f) = &mut self.inner {
-            f.woke();
-        }
+        self.inner.get_mut().woke();
     }
 
     /// How long this acquisition has been going.
     pub fn elapsed(&self) -> Duration {
-        match &self.inner {
-            Inner::File(f) => f.elapsed(),
-            Inner::Pg(p) => p.elapsed(),
-        }
+        self.inner.get().elapsed()
     }
 
     /// The in-use error for the current holder, or a timeout error when
     /// `timed_out`.
     pub fn contention_error(&self, timed_out: bool) -> Error {
-        match &self.inner {
-            Inner::File(f) => f.contention_error(timed_out),
-            Inner::Pg(p) => p.contention_error(timed_out),
-        }
+        self.inner.get().contention_error(timed_out)
     }
 
     /// When the caller should give up (`None`: never). For a PostgreSQL
@@ -118,10 +81,7 @@ impl Pending {
     /// timeout; this deadline, a few seconds later, only ends an
     /// acquisition whose server stopped answering.
     pub fn deadline(&self) -> Option<Instant> {
-        match &self.inner {
-            Inner::File(f) => f.deadline(),
-            Inner::Pg(p) => p.deadline(),
-        }
+        self.inner.get().deadline()
     }
 
     /// Whether this acquisition may wait at all.

@@ -229,3 +229,30 @@ impl Drop for Attempt {
         }
     }
 }
+
+impl crate::backend::Attempt for Attempt {
+    fn lease_path(&self) -> &Path {
+        self.shown()
+    }
+    fn target(&self) -> std::path::PathBuf {
+        self.shown().to_path_buf()
+    }
+    fn try_acquire(&mut self) -> Result<Option<Lease>> {
+        Attempt::try_acquire(self)
+    }
+    fn wait_fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(Attempt::wait_fd(self))
+    }
+    fn next_check(&mut self) -> Duration {
+        Attempt::next_check(self)
+    }
+    fn elapsed(&self) -> Duration {
+        Attempt::elapsed(self)
+    }
+    fn contention_error(&self, timed_out: bool) -> Error {
+        Attempt::contention_error(self, timed_out)
+    }
+    fn deadline(&self) -> Option<Instant> {
+        Attempt::deadline(self)
+    }
+}

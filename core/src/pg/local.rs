@@ -75,8 +75,7 @@ pub(crate) fn share_backend(identity: &str, name: &str, backend_pid: i32) -> boo
         .values()
         .find(|s| {
             s.shareable()
-                && s.pg
-                    .as_ref()
+                && super::held::link_of(s)
                     .is_some_and(|l| l.name == name && l.backend_pid == backend_pid)
         })
         .cloned();

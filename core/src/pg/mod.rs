@@ -13,6 +13,8 @@ mod attempt;
 #[cfg(feature = "postgres")]
 mod conn;
 #[cfg(feature = "postgres")]
+mod held;
+#[cfg(feature = "postgres")]
 mod inspect;
 #[cfg(feature = "postgres")]
 mod local;
@@ -28,7 +30,6 @@ mod tls;
 use std::path::Path;
 
 use crate::error::{Error, Result};
-use crate::lease::Shared;
 
 /// Whether a target is spelled as a PostgreSQL lease (`postgresql://` or
 /// `postgres://`, the scheme in any case, as libpq takes it).
@@ -224,8 +225,6 @@ fn url_of(target: &Path) -> Result<&str> {
 pub(crate) use attempt::Attempt;
 #[cfg(feature = "postgres")]
 pub(crate) use local::after_fork_in_child;
-#[cfg(feature = "postgres")]
-pub(crate) use session::Link;
 
 #[cfg(feature = "postgres")]
 pub(crate) fn attempt(target: &Path, options: &crate::Options) -> Result<Attempt> {
@@ -237,68 +236,11 @@ pub(crate) fn inspect(target: &Path) -> Result<crate::Inspection> {
     inspect::inspect(url_of(target)?)
 }
 
-/// Count the lease as lost once the server has not confirmed its session
-/// within the bound (`confirm_within`): this process was paused or cut off,
-/// and an operator or a restart may have ended the session meanwhile.
-#[cfg(feature = "postgres")]
-pub(crate) fn expire(s: &Shared, link: &Link) {
-    if link.confirmed.expired() {
-        s.mark_lost(crate::error::Lost {
-            lease_path: s.lease_path.clone(),
-            reason: format!(
-                "the server has not confirmed the lease's session for {:.1}s, more than its bound \
-                 of {:.1}s (this process was paused, or the server is unreachable); it may hold \
-                 the lease no longer",
-                link.confirmed.age().as_secs_f64(),
-                link.confirmed.bound().as_secs_f64()
-            ),
-            holders: Vec::new(),
-        });
-    }
-}
-
-/// `Err(Lost)` once the lease is lost, or its bound has passed.
-#[cfg(feature = "postgres")]
-pub(crate) fn check_confirmed(s: &Shared, link: &Link) -> Result<()> {
-    expire(s, link);
-    match &s.state().phase {
-        crate::lease::Phase::Lost(l) => Err(Error::Lost(Box::new(l.clone()))),
-        _ => Ok(()),
-    }
-}
-
-/// Ask the server now, one round trip within the bound.
-#[cfg(feature = "postgres")]
-pub(crate) fn confirm_now(s: &Shared, link: &Link) -> Result<()> {
-    check_confirmed(s, link)?;
-    match link.confirm_now() {
-        Some(_) => check_confirmed(s, link),
-        None => {
-            check_confirmed(s, link)?;
-            Err(Error::Io {
-                syscall: "heartbeat",
-                path: s.lease_path.clone(),
-                source: std::io::Error::other(
-                    "the lease's session did not answer in time; whether it is still held is \
-                     not known yet",
-                ),
-            })
-        }
-    }
-}
-
-/// The last release of a PostgreSQL lease in this process.
-#[cfg(feature = "postgres")]
-pub(crate) fn release(s: &std::sync::Arc<Shared>, link: &Link) -> Result<()> {
-    local::release(s, link)
-}
-
 #[cfg(not(feature = "postgres"))]
 mod off {
     use super::*;
 
     /// Never made: this build has no PostgreSQL support.
-    pub(crate) enum Link {}
     pub(crate) enum Attempt {}
 
     fn refuse(target: &Path) -> Error {
@@ -320,44 +262,31 @@ mod off {
         Err(refuse(target))
     }
 
-    pub(crate) fn release(_: &std::sync::Arc<Shared>, link: &Link) -> Result<()> {
-        match *link {}
-    }
-
     pub(crate) fn after_fork_in_child() {}
 
-    pub(crate) fn expire(_: &Shared, link: &Link) {
-        match *link {}
-    }
-
-    pub(crate) fn confirm_now(_: &Shared, link: &Link) -> Result<()> {
-        match *link {}
-    }
-
-    pub(crate) fn check_confirmed(_: &Shared, link: &Link) -> Result<()> {
-        match *link {}
-    }
-
-    impl Attempt {
-        pub(crate) fn shown(&self) -> &Path {
+    impl crate::backend::Attempt for Attempt {
+        fn lease_path(&self) -> &Path {
             match *self {}
         }
-        pub(crate) fn try_acquire(&mut self) -> Result<Option<crate::Lease>> {
+        fn target(&self) -> std::path::PathBuf {
             match *self {}
         }
-        pub(crate) fn wait_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        fn try_acquire(&mut self) -> Result<Option<crate::Lease>> {
             match *self {}
         }
-        pub(crate) fn next_check(&self) -> std::time::Duration {
+        fn wait_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
             match *self {}
         }
-        pub(crate) fn elapsed(&self) -> std::time::Duration {
+        fn next_check(&mut self) -> std::time::Duration {
             match *self {}
         }
-        pub(crate) fn contention_error(&self, _: bool) -> Error {
+        fn elapsed(&self) -> std::time::Duration {
             match *self {}
         }
-        pub(crate) fn deadline(&self) -> Option<std::time::Instant> {
+        fn contention_error(&self, _: bool) -> Error {
+            match *self {}
+        }
+        fn deadline(&self) -> Option<std::time::Instant> {
             match *self {}
         }
     }

@@ -821,7 +821,12 @@ impl Run {
             confirmed: Arc::new(Confirmed::new(t.confirm_within, sent)),
         };
         let confirmed = link.confirmed.clone();
-        let shared = Arc::new(Shared::new_pg(shown.clone(), rec, previous, link));
+        let shared = Arc::new(Shared::new_remote(
+            shown.clone(),
+            rec,
+            previous,
+            Box::new(link),
+        ));
         let weak: Weak<Shared> = Arc::downgrade(&shared);
         drop(self.tx);
         if !self

@@ -20,20 +20,21 @@ use std::time::{Duration, Instant};
 use rustix::fs::{FileType, FlockOperation, Mode, OFlags};
 use rustix::io::Errno;
 
-use crate::access::{self, Access};
 use crate::error::{Contention, Error, Result};
-use crate::guard::{self, Orphan};
-use crate::holders;
-use crate::lease::{write_padded, Anchor, Lease, Shared, SharedInit};
+use crate::file::access::{self, Access};
+use crate::file::guard::{self, Orphan};
+use crate::file::holders;
+use crate::file::previous::{empty_is_new, next_generation, vouched_for, young};
+use crate::file::watch;
+use crate::file::write_padded;
+use crate::lease::{Anchor, Lease, Shared, SharedInit};
 use crate::options::{Options, Wait};
 use crate::path::{self, Spelled};
 use crate::platform::filestat::{self, stat_with_age};
 use crate::platform::notify::ChangeWatch;
 use crate::platform::{fskind, process};
-use crate::previous::{empty_is_new, next_generation, vouched_for, young};
 use crate::record::{self, Content, Record};
 use crate::registry::{self, Flight, Key};
-use crate::watch;
 
 /// Times the lease file may turn out replaced between open and lock before
 /// acquisition gives up. On a loaded machine a process that replaces the
@@ -854,5 +855,35 @@ fn open_error(path: &Path, e: std::io::Error) -> Error {
     match e.raw_os_error() {
         Some(libc::ELOOP) => symlink_error(path),
         _ => Error::io("open", path, e),
+    }
+}
+
+impl crate::backend::Attempt for FilePending {
+    fn lease_path(&self) -> &Path {
+        FilePending::lease_path(self)
+    }
+    fn target(&self) -> PathBuf {
+        FilePending::target(self)
+    }
+    fn try_acquire(&mut self) -> Result<Option<Lease>> {
+        FilePending::try_acquire(self)
+    }
+    fn wait_fd(&self) -> Option<BorrowedFd<'_>> {
+        FilePending::wait_fd(self)
+    }
+    fn next_check(&mut self) -> Duration {
+        FilePending::next_check(self)
+    }
+    fn woke(&mut self) {
+        FilePending::woke(self)
+    }
+    fn elapsed(&self) -> Duration {
+        FilePending::elapsed(self)
+    }
+    fn contention_error(&self, timed_out: bool) -> Error {
+        FilePending::contention_error(self, timed_out)
+    }
+    fn deadline(&self) -> Option<Instant> {
+        FilePending::deadline(self)
     }
 }

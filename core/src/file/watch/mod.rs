@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 
-use crate::anchor;
+use crate::file::anchor;
 use crate::forkgate;
 use crate::lease::{Phase, Shared};
 use crate::platform::fsevents::{self, Dirs, Heard};

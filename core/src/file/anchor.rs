@@ -14,14 +14,15 @@ use std::time::{Duration, Instant};
 use rustix::fs::{FlockOperation, Mode, OFlags};
 use rustix::io::Errno;
 
-use crate::access::{self, Access};
 use crate::error::Lost;
-use crate::holders;
-use crate::lease::{write_padded, Anchor, Phase, Shared, State};
+use crate::file::access::{self, Access};
+use crate::file::holders;
+use crate::file::watch;
+use crate::file::write_padded;
+use crate::lease::{Anchor, Phase, Shared, State};
 use crate::platform::process;
 use crate::record::{self, Content, Record};
 use crate::registry::{self, Flight, Key};
-use crate::watch;
 
 /// How soon to try again when the lease file could not be put back.
 const RETRY: Duration = Duration::from_millis(250);
