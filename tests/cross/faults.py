@@ -442,6 +442,14 @@ def pg_mutual_exclusion(soak: bool) -> str:
     return _run_stress(3000 if soak else 300, 2, tamper=False, target=pg.lease_url("stress"))
 
 
+def pg_mutual_exclusion_shared(soak: bool) -> str:
+    """As above, 100 critical sections each (1000 with --soak), every
+    agent's lease on its shared session (session=shared)."""
+    import pg
+    return _run_stress(1000 if soak else 100, 2, tamper=False,
+                       target=pg.lease_url("stress", (pg.base(), "&session=shared")))
+
+
 def pg_first_use(soak: bool) -> str:
     """Ten processes, two of each runtime, start using a database that has
     no lease table yet, thirty names each, all at once: every concurrent
@@ -477,6 +485,7 @@ def pg_first_use(soak: bool) -> str:
 CHECKS: List[Tuple[str, Callable[[bool], str]]] = [
     ("PostgreSQL first use", pg_first_use),
     ("PostgreSQL mutual exclusion", pg_mutual_exclusion),
+    ("PostgreSQL mutual exclusion, shared sessions", pg_mutual_exclusion_shared),
     ("mutual exclusion", mutual_exclusion),
     ("crash injection", crash_injection),
     ("tampering", tampering),

@@ -312,7 +312,8 @@ def main() -> int:
     passed = failed = na = 0
     start = time.monotonic()
     # The PostgreSQL scenarios once more through a stock session-mode
-    # PgBouncer (tests/pg/cluster runs one), and once more over TLS with
+    # PgBouncer (tests/pg/cluster runs one), once more on shared sessions,
+    # and once more over TLS with
     # sslmode=verify-full against the test CA, where they must pass
     # unchanged.
     runs = [(sc, None) for sc in scenarios]
@@ -322,6 +323,12 @@ def main() -> int:
         # Every holder runtime, one contender runtime: what the pooler
         # changes is the holder's session.
         runs += [({**sc, "contenders": ["rust"]}, ("PgBouncer", bouncer, "")) for sc in pg_scenarios]
+    # Once more with every lease on its server's shared session
+    # (session=shared): a holder's lease lives beside others there.
+    if pg_scenarios:
+        shared_base = os.environ["SIDELEASE_TEST_PG"]
+        runs += [({**sc, "contenders": ["rust"]}, ("shared session", shared_base, "&session=shared"))
+                 for sc in pg_scenarios]
     pki = os.environ.get("SIDELEASE_TEST_PG_PKI")
     if pki:
         tls_base = os.environ["SIDELEASE_TEST_PG"].replace("@127.0.0.1:", "@localhost:")

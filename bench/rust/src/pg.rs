@@ -50,6 +50,17 @@ pub(crate) fn run(url: &str, n: usize) -> Value {
             .release()
             .expect("release");
     });
+    // On a shared session (`session=shared`) that another lease keeps
+    // open: the lock and the row in one round trip, the release in another.
+    let shared_url = url.replacen("?lease=", "?session=shared&lease=", 1);
+    let anchor = Lease::acquire(format!("{shared_url}-anchor"), &opts).expect("anchor");
+    let shared = measure(n * 4, || {
+        Lease::acquire(&shared_url, &opts)
+            .expect("acquire")
+            .release()
+            .expect("release");
+    });
+    anchor.release().expect("release");
     let bare = rt.block_on(async {
         let c = connect(url).await;
         let mut ns = Vec::with_capacity(n * 10);
@@ -73,6 +84,7 @@ pub(crate) fn run(url: &str, n: usize) -> Value {
     });
     json!({
         "cycle": cycle,
+        "shared_cycle": shared,
         "bare_round_trip": bare,
         "bare_connect_round_trip": bare_connect,
         "handoff": handoff(url, n.min(50)),

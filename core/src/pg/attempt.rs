@@ -101,6 +101,15 @@ impl Attempt {
         let started = Instant::now();
         if let Some(lease) = local::share(&target.identity) {
             slot.finish(Ok(lease));
+        } else if target.shared {
+            super::hub::start(super::hub::TryReq {
+                target: target.clone(),
+                opts: options.clone(),
+                started,
+                slot: slot.clone(),
+                tx: tx.clone(),
+                rx,
+            })?;
         } else {
             session::spawn(
                 target.clone(),

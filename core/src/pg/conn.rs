@@ -517,15 +517,16 @@ pub(crate) async fn release_within(c: &Client, t: &Target, generation: i64) -> R
     }
 }
 
+/// A release's row write: `$1` the name, `$2` the holder's generation.
+pub(crate) const UPDATE_RELEASED: &str =
+    "UPDATE sidelease_leases SET released_at = now() WHERE name = $1 AND generation = $2";
+
 /// Record the release (so the next holder reads a clean one), then unlock:
 /// in that order, or the next holder could read the row before it says so.
 pub(crate) async fn release_row(c: &Client, t: &Target, generation: i64) -> Result<()> {
     let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 2] =
         [(&t.name, Type::TEXT), (&generation, Type::INT8)];
-    let record = c.query_typed(
-        "UPDATE sidelease_leases SET released_at = now() WHERE name = $1 AND generation = $2",
-        &params,
-    );
+    let record = c.query_typed(UPDATE_RELEASED, &params);
     // One round trip: the server runs the update (and commits it) before
     // the unlock, since it runs a connection's requests in order.
     let (recorded, unlocked) = in_order(record, unlock(c, t.key)).await;

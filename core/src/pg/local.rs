@@ -13,7 +13,7 @@ use std::ptr;
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
 use super::session::{shared_lease, Cmd, Link};
 use crate::error::Result;
@@ -24,6 +24,56 @@ struct Local {
     held: HashMap<String, Arc<Shared>>,
     /// Acquisitions in flight, by lease name.
     waiting: HashMap<String, Vec<(u64, UnboundedSender<Cmd>)>>,
+    /// The shared session of each server (`Target::server`), and until when
+    /// one that refused to be shared is not tried again.
+    hubs: HashMap<String, UnboundedSender<Cmd>>,
+    refused: HashMap<String, std::time::Instant>,
+}
+
+/// What `hub` found for a server.
+pub(crate) enum Hub {
+    Open(UnboundedSender<Cmd>),
+    /// None yet: this caller starts it, with this channel.
+    New(UnboundedSender<Cmd>, UnboundedReceiver<Cmd>),
+    /// It refused to be shared lately: go alone.
+    Refused,
+}
+
+/// The shared session of `server`, or the channel of a new one (listed at
+/// once, so acquisitions meanwhile queue on it).
+pub(crate) fn hub(server: &str) -> Hub {
+    let mut g = lock();
+    if let Some(until) = g.refused.get(server) {
+        if std::time::Instant::now() < *until {
+            return Hub::Refused;
+        }
+        g.refused.remove(server);
+    }
+    if let Some(tx) = g.hubs.get(server) {
+        if !tx.is_closed() {
+            return Hub::Open(tx.clone());
+        }
+    }
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    g.hubs.insert(server.to_owned(), tx.clone());
+    Hub::New(tx, rx)
+}
+
+/// Unlist the shared session `tx` (a newer one stays).
+pub(crate) fn forget_hub(server: &str, tx: &UnboundedSender<Cmd>) {
+    let mut g = lock();
+    if g.hubs.get(server).is_some_and(|h| h.same_channel(tx)) {
+        g.hubs.remove(server);
+    }
+}
+
+/// The shared session `tx` could not be shared: unlist it, and go alone
+/// for `span`.
+pub(crate) fn refuse_hub(server: &str, tx: &UnboundedSender<Cmd>, span: std::time::Duration) {
+    forget_hub(server, tx);
+    lock()
+        .refused
+        .insert(server.to_owned(), std::time::Instant::now() + span);
 }
 
 static LOCAL: AtomicPtr<Mutex<Local>> = AtomicPtr::new(ptr::null_mut());
@@ -86,6 +136,14 @@ pub(crate) fn share_backend(identity: &str, name: &str, backend_pid: i32) -> boo
         }
         None => false,
     }
+}
+
+/// Whether this process holds the lease `name` on the server backend
+/// `backend_pid`, under any identity.
+pub(crate) fn holds_backend(name: &str, backend_pid: i32) -> bool {
+    lock().held.values().any(|s| {
+        super::held::link_of(s).is_some_and(|l| l.name == name && l.backend_pid == backend_pid)
+    })
 }
 
 /// Whether another thread of this process holds the lease now.

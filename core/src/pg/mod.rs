@@ -1,19 +1,25 @@
 //! Leases on a PostgreSQL server, for backends on several hosts in front of
 //! one database: the target is `postgresql://user@host/db?lease=NAME` and
-//! the lease is a session advisory lock held on one dedicated connection,
+//! the lease is a session advisory lock held on a connection of the library,
 //! with a holder row (and its fencing generation) in `sidelease_leases`.
 //!
 //! Each lease (and each acquisition in flight) has its own thread running a
-//! single-threaded tokio runtime: the callers' threads never block on the
-//! network beyond a release, the Node addon's runtime is never entered, and
-//! the server itself wakes a waiter (a blocking `pg_advisory_lock`).
+//! single-threaded tokio runtime (`session.rs`), or, with `session=shared`,
+//! lives beside the process's other leases on its server's shared session
+//! (`hub.rs`): the callers' threads never block on the network beyond a
+//! release, the Node addon's runtime is never entered, and the server
+//! itself wakes a waiter (a blocking `pg_advisory_lock`).
 
 #[cfg(feature = "postgres")]
 mod attempt;
 #[cfg(feature = "postgres")]
+mod confirm;
+#[cfg(feature = "postgres")]
 mod conn;
 #[cfg(feature = "postgres")]
 mod held;
+#[cfg(feature = "postgres")]
+mod hub;
 #[cfg(feature = "postgres")]
 mod inspect;
 #[cfg(feature = "postgres")]

@@ -17,6 +17,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 
 use super::attempt::Slot;
+use super::confirm::{ended, silent, Beat, Confirmed, ENDED_GRACE};
 use super::conn::{
     cancel, describe, heartbeat, holds, in_order, io_error, open, pg_error, pooler,
     privilege_error, probe, release_within, set_lock_timeout, standby_error, unlock, Conn, Pooled,
@@ -61,6 +62,16 @@ pub(crate) enum Cmd {
     Cancel,
     /// Another thread of this process holds the lease now: share it.
     Share,
+    /// For the shared session: a try-acquisition.
+    Try(Box<super::hub::TryReq>),
+    /// For the shared session: the last release of the lease with this key.
+    Leave(i64, std::sync::mpsc::SyncSender<Result<()>>),
+    /// For the shared session: a release's row, written on a connection of
+    /// its own; unlock the key and answer.
+    Recorded(
+        Box<(Arc<Target>, i64, Result<()>)>,
+        std::sync::mpsc::SyncSender<Result<()>>,
+    ),
 }
 
 /// A held PostgreSQL lease's line to its thread.
@@ -75,72 +86,8 @@ pub(crate) struct Link {
     /// When the server last confirmed the session (ms on `Confirmed`'s
     /// clock): at the acquisition, then at each answered heartbeat.
     pub confirmed: Arc<Confirmed>,
-}
-
-/// When the server last confirmed the session, and the bound past which the
-/// holder counts the lease as lost. A confirmation is dated when its
-/// statement was sent (the server's answer was true at some moment after
-/// that), and once the bound has passed nothing revives the lease.
-pub(crate) struct Confirmed {
-    at: std::sync::atomic::AtomicU64,
-    over: std::sync::atomic::AtomicBool,
-    bound: Duration,
-}
-
-impl Confirmed {
-    /// Milliseconds on a clock that counts suspended time too (a paused VM
-    /// must find its bound passed).
-    pub(crate) fn clock() -> u64 {
-        crate::platform::clock::boot_ms()
-    }
-
-    pub(crate) fn new(bound: Duration, sent: u64) -> Confirmed {
-        Confirmed {
-            at: sent.into(),
-            over: false.into(),
-            bound,
-        }
-    }
-
-    /// The server answered a statement sent at `sent`; `false` if the
-    /// bound had passed already (the answer changes nothing then).
-    fn answered(&self, sent: u64) -> bool {
-        if self.expired() {
-            return false;
-        }
-        self.at.fetch_max(sent, std::sync::atomic::Ordering::AcqRel);
-        true
-    }
-
-    /// How long since the last confirmation.
-    pub(crate) fn age(&self) -> Duration {
-        let at = self.at.load(std::sync::atomic::Ordering::Acquire);
-        Duration::from_millis(Self::clock().saturating_sub(at))
-    }
-
-    pub(crate) fn bound(&self) -> Duration {
-        self.bound
-    }
-
-    /// Whether the bound has passed since the last confirmation; once it
-    /// has, for good.
-    pub(crate) fn expired(&self) -> bool {
-        use std::sync::atomic::Ordering;
-        if self.over.load(Ordering::Acquire) {
-            return true;
-        }
-        if self.age() > self.bound {
-            self.over.store(true, Ordering::Release);
-            return true;
-        }
-        false
-    }
-
-    /// How often the holder asks: four times within the bound, so one slow
-    /// answer does not lose the lease.
-    fn interval(&self) -> Duration {
-        self.bound / 4
-    }
+    /// On the shared session of its server: the lease's key there.
+    member: Option<i64>,
 }
 
 impl Drop for Link {
@@ -155,11 +102,35 @@ impl Drop for Link {
 }
 
 impl Link {
-    /// Unlock, record the release and end the session; wait for it unless
-    /// called from the lease's own thread (a loss callback).
+    /// A lease on its server's shared session (called on that session's
+    /// thread).
+    pub(crate) fn on_shared(
+        tx: ManuallyDrop<UnboundedSender<Cmd>>,
+        t: &Target,
+        backend_pid: i32,
+        confirmed: Arc<Confirmed>,
+    ) -> Link {
+        Link {
+            tx,
+            epoch: registry::epoch(),
+            thread: std::thread::current().id(),
+            identity: t.identity.clone(),
+            name: t.name.clone(),
+            backend_pid,
+            confirmed,
+            member: Some(t.key),
+        }
+    }
+
+    /// Record the release and unlock (and end a session of its own); wait
+    /// for it unless called from the lease's own thread (a loss callback).
     pub(crate) fn finish(&self) -> Result<()> {
         let (reply, answer) = std::sync::mpsc::sync_channel(1);
-        if self.tx.send(Cmd::Release(reply)).is_err() {
+        let cmd = match self.member {
+            None => Cmd::Release(reply),
+            Some(key) => Cmd::Leave(key, reply),
+        };
+        if self.tx.send(cmd).is_err() {
             // The thread ended: the session, and the lock, are gone.
             return Ok(());
         }
@@ -367,6 +338,7 @@ impl Run {
                 cmd = self.rx.recv() => match cmd {
                     Some(Cmd::Share) => return true,
                     Some(Cmd::Release(_) | Cmd::Confirm(_)) => {}
+                    Some(Cmd::Try(_) | Cmd::Leave(..) | Cmd::Recorded(..)) => {}
                     Some(Cmd::Cancel) | None => return false,
                 },
             }
@@ -575,6 +547,7 @@ impl Run {
                     why = match cmd {
                         Some(Cmd::Share) => Some(Step::Share),
                         Some(Cmd::Release(_) | Cmd::Confirm(_)) => continue,
+                        Some(Cmd::Try(_) | Cmd::Leave(..) | Cmd::Recorded(..)) => continue,
                         Some(Cmd::Cancel) | None => Some(Step::Cancelled),
                     };
                     give_up_at = tokio::time::Instant::now() + CANCEL_GRACE;
@@ -785,17 +758,7 @@ impl Run {
         if now != pid {
             return Err(pooler(t, Pooled::Backend(pid, Some(now))));
         }
-        let previous = match prev_holder {
-            None => Content::Empty,
-            Some(text) => match serde_json::from_str::<Record>(&text) {
-                Ok(mut r) => {
-                    r.generation = prev_gen.map(|g| g as u64);
-                    r.released_at = prev_released;
-                    Content::Record(Box::new(r))
-                }
-                Err(_) => Content::Unreadable,
-            },
-        };
+        let previous = previous_of(prev_gen, prev_holder, prev_released);
         rec.generation = Some(generation as u64);
         Ok((rec, previous, generation))
     }
@@ -819,6 +782,7 @@ impl Run {
             name: t.name.clone(),
             backend_pid: pid,
             confirmed: Arc::new(Confirmed::new(t.confirm_within, sent)),
+            member: None,
         };
         let confirmed = link.confirmed.clone();
         let shared = Arc::new(Shared::new_remote(
@@ -910,46 +874,11 @@ impl Run {
     }
 }
 
-/// Why a held session ended.
-enum Beat {
-    Lost(String),
-    /// A statement failed because the connection closed.
-    Closed(String),
-    /// The driver's task ended.
-    Ended(
-        std::result::Result<std::result::Result<(), tokio_postgres::Error>, tokio::task::JoinError>,
-    ),
-}
-
-/// How long a loss waits for the server's reason after a statement found
-/// the connection closed.
-const ENDED_GRACE: Duration = Duration::from_millis(250);
-
-fn ended(
-    end: std::result::Result<
-        std::result::Result<(), tokio_postgres::Error>,
-        tokio::task::JoinError,
-    >,
-) -> String {
-    match end {
-        Ok(Err(e)) => format!("the server ended the lease's session: {}", describe(&e)),
-        _ => "the server closed the lease's connection".to_owned(),
-    }
-}
-
 /// One heartbeat: the server must answer, from this connection's own
 /// session, before the bound passes; `Err` says why the lease is lost.
 async fn beat(conn: &Conn, pid: i32, confirmed: &Confirmed) -> std::result::Result<(), Beat> {
-    let bound = confirmed.bound().as_secs_f64();
-    let silent = || {
-        format!(
-            "the server did not confirm the lease's session within {bound:.1}s (network cut, \
-             server stalled or restarted, or this process paused); it may hold the lease no \
-             longer"
-        )
-    };
     if confirmed.expired() {
-        return Err(Beat::Lost(silent()));
+        return Err(Beat::Lost(silent(confirmed.bound())));
     }
     let sent = Confirmed::clock();
     let left = confirmed.bound().saturating_sub(confirmed.age());
@@ -958,7 +887,7 @@ async fn beat(conn: &Conn, pid: i32, confirmed: &Confirmed) -> std::result::Resu
             if confirmed.answered(sent) {
                 Ok(())
             } else {
-                Err(Beat::Lost(silent()))
+                Err(Beat::Lost(silent(confirmed.bound())))
             }
         }
         Ok(Ok((now, _))) => Err(Beat::Lost(format!(
@@ -974,7 +903,7 @@ async fn beat(conn: &Conn, pid: i32, confirmed: &Confirmed) -> std::result::Resu
             "the lease's session failed: {}",
             describe(&e)
         ))),
-        Err(_) => Err(Beat::Lost(silent())),
+        Err(_) => Err(Beat::Lost(silent(confirmed.bound()))),
     }
 }
 
@@ -1000,4 +929,23 @@ pub(crate) async fn contention(conn: &Conn, t: &Target, started: Instant) -> Con
 pub(crate) fn shared_lease(s: Arc<Shared>) -> Lease {
     s.add_handle();
     Lease::from_shared(s)
+}
+
+/// The previous holder's record, from its row as the write returned it.
+pub(crate) fn previous_of(
+    generation: Option<i64>,
+    holder: Option<String>,
+    released_at: Option<String>,
+) -> Content {
+    match holder {
+        None => Content::Empty,
+        Some(text) => match serde_json::from_str::<Record>(&text) {
+            Ok(mut r) => {
+                r.generation = generation.map(|g| g as u64);
+                r.released_at = released_at;
+                Content::Record(Box::new(r))
+            }
+            Err(_) => Content::Unreadable,
+        },
+    }
 }

@@ -32,6 +32,13 @@ pub(crate) struct Target {
     /// The holder's bound (`confirm_within`): past it without the server
     /// confirming the session, the lease counts as lost.
     pub confirm_within: std::time::Duration,
+    /// Which shared session a lease may use: a digest of everything that
+    /// makes the connection (the URL but its lease parameters, the TLS
+    /// settings, the user and password however given), so leases share a
+    /// session only with leases that would have opened the same one.
+    pub server: String,
+    /// `session=shared`: the lease lives on its server's shared session.
+    pub shared: bool,
 }
 
 /// The default `confirm_within`, and its range: the server may end a silent
@@ -107,6 +114,7 @@ impl Target {
         let mut tls_given: Vec<(&str, String)> = Vec::new();
         let mut binding_given = false;
         let mut confirm = std::time::Duration::from_millis(CONFIRM_DEFAULT_MS);
+        let mut shared = false;
         for p in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = p.split_once('=').unwrap_or((p, ""));
             match k {
@@ -118,6 +126,20 @@ impl Target {
                 }
                 _ if tls::PARAMS.iter().any(|(t, _)| *t == k) => {
                     tls_given.push((k, percent_decode(v, k)?));
+                }
+                "session" => {
+                    shared = match v {
+                        "own" => false,
+                        "shared" => true,
+                        _ => {
+                            return Err(bad(format!(
+                                "{shown}: session={}: `own` (the lease's own connection, the \
+                                 default) or `shared` (one session per server for every lease \
+                                 of this process that says so)",
+                                super::printable(v)
+                            )))
+                        }
+                    };
                 }
                 "confirm_within" => {
                     let ms = v
@@ -221,7 +243,22 @@ impl Target {
             config.get_dbname().unwrap_or_default(),
             name
         );
+        let server = {
+            let mut h = Sha256::new();
+            for part in [
+                rebuilt.as_bytes(),
+                format!("{tls_given:?}").as_bytes(),
+                config.get_user().unwrap_or_default().as_bytes(),
+                config.get_password().unwrap_or_default(),
+            ] {
+                h.update((part.len() as u64).to_be_bytes());
+                h.update(part);
+            }
+            h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+        };
         Ok(Target {
+            shared,
+            server,
             key: key_of(&name),
             config,
             shown,

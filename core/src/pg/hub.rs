@@ -1,0 +1,705 @@
+//! One shared session per server per process. A try-acquisition goes to
+//! the session this process already has to the lease's server (opening it
+//! if there is none): the lock and the holder row in one round trip, and
+//! the lease then lives on that session beside the others, one heartbeat
+//! confirming them all. Whatever the shared session cannot settle at once
+//! (the lock is held elsewhere, the row is locked by a fencing transaction,
+//! the table is missing, a pooler sits between) goes to the acquisition's
+//! own thread and connection, as every acquisition did before, so every
+//! wait, error and refusal is that path's.
+//!
+//! Losing the shared session loses every lease on it, each told on its own
+//! (its `on_lost` callbacks and lost descriptor). A lease whose own bound
+//! (`confirm_within`) passes is lost alone, and its lock is given back.
+
+use std::collections::{HashMap, HashSet};
+use std::mem::ManuallyDrop;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::SyncSender;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::Type;
+
+use super::attempt::Slot;
+use super::confirm::{ended, silent, Confirmed, ENDED_GRACE};
+use super::conn::{
+    describe, heartbeat, in_order, io_error, open, pg_error, probe, unlock, Conn, CONNECT_TIMEOUT,
+    FOREIGN_LOCKS, POOLER_CHECK, ROW_LOCK_TIMEOUT, UPDATE_RELEASED,
+};
+use super::inspect::lock_holder;
+use super::local;
+use super::session::{self, contention, previous_of, Cmd, Link, HEARTBEAT_DEADLINE};
+use super::target::Target;
+use crate::error::{Error, Lost, Result};
+use crate::lease::Shared;
+use crate::options::{Options, Wait};
+use crate::record::Record;
+
+/// How long a holder-row statement on the shared session may wait for a
+/// row lock (an application's fencing transaction holding it `FOR SHARE`):
+/// the session's other leases wait behind it, heartbeats included, so a
+/// longer wait is taken elsewhere.
+const ROW_LOCK_MS: &str = "20";
+
+/// How long a shared session is not tried again after it found a pooler,
+/// a standby or a foreign lock (each acquisition then uses its own
+/// connection, which says what is wrong).
+const REFUSED_FOR: Duration = Duration::from_secs(10);
+
+/// How long a shared session stays open once it holds no lease: one-shot
+/// tries in a row (the lock held elsewhere each time) use one connection,
+/// not one each.
+const LINGER: Duration = Duration::from_secs(1);
+
+/// The lock and the holder row in one round trip: the row is written (and
+/// the previous holder's record read) by the statement after the lock, so
+/// it sees the release the previous holder committed before unlocking,
+/// and only if this session holds the lock now.
+const GUARDED_UPSERT: &str = "WITH prev AS (SELECT generation, holder::text AS holder, \
+         to_char(released_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"') AS released_at \
+         FROM sidelease_leases WHERE name = $1) \
+     INSERT INTO sidelease_leases AS t (name, key, generation, holder, acquired_at, released_at) \
+     SELECT $1, $2, 1, $3::jsonb, now(), NULL \
+     WHERE current_setting('sidelease.session', true) IS NOT DISTINCT FROM $4 \
+       AND EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() \
+           AND granted AND objsubid = 1 AND classid = (($2::bigint >> 32) & 4294967295)::oid \
+           AND objid = ($2::bigint & 4294967295)::oid) \
+     ON CONFLICT (name) DO UPDATE SET generation = t.generation + 1, key = EXCLUDED.key, \
+         holder = EXCLUDED.holder, acquired_at = now(), released_at = NULL \
+     RETURNING t.generation, (SELECT generation FROM prev), (SELECT holder FROM prev), \
+         (SELECT released_at FROM prev), pg_backend_pid()";
+
+/// The unlock after the release's row write, in the same round trip: it
+/// runs only if that write committed (a row lock can time it out).
+const UNLOCK_IF_RECORDED: &str = "SELECT pg_advisory_unlock($1) WHERE EXISTS (SELECT 1 FROM \
+     sidelease_leases WHERE name = $2 AND generation = $3 AND released_at IS NOT NULL)";
+
+/// One acquisition handed to the shared session, with what its own thread
+/// needs if the shared session cannot settle it.
+pub(crate) struct TryReq {
+    pub target: Arc<Target>,
+    pub opts: Options,
+    pub started: Instant,
+    pub slot: Arc<Slot>,
+    pub tx: UnboundedSender<Cmd>,
+    pub rx: UnboundedReceiver<Cmd>,
+}
+
+impl TryReq {
+    /// The acquisition's own thread and connection, as without sharing.
+    fn alone(self) {
+        let slot = self.slot.clone();
+        if let Err(e) = session::spawn(
+            self.target,
+            self.opts,
+            self.started,
+            self.slot,
+            self.tx,
+            self.rx,
+        ) {
+            slot.finish(Err(e));
+        }
+    }
+
+    /// How long connecting may take: the caller's time left when that is
+    /// shorter than `CONNECT_TIMEOUT`.
+    fn patience(&self) -> Duration {
+        match self.opts.wait {
+            Wait::Timeout(d) => d
+                .saturating_sub(self.started.elapsed())
+                .clamp(Duration::from_millis(1), CONNECT_TIMEOUT),
+            _ => CONNECT_TIMEOUT,
+        }
+    }
+}
+
+/// Start an acquisition: on the shared session of its server, or alone
+/// when that session refused to be shared lately.
+pub(crate) fn start(mut req: TryReq) -> Result<()> {
+    loop {
+        let (tx, fresh) = match local::hub(&req.target.server) {
+            local::Hub::Refused => {
+                return session::spawn(req.target, req.opts, req.started, req.slot, req.tx, req.rx)
+            }
+            local::Hub::Open(tx) => (tx, None),
+            local::Hub::New(tx, rx) => (tx, Some(rx)),
+        };
+        if let Some(rx) = fresh {
+            spawn(req.target.clone(), tx.clone(), rx)?;
+        }
+        match tx.send(Cmd::Try(Box::new(req))) {
+            Ok(()) => return Ok(()),
+            // That session just closed: open another.
+            Err(tokio::sync::mpsc::error::SendError(Cmd::Try(back))) => {
+                local::forget_hub(&back.target.server, &tx);
+                req = *back;
+            }
+            Err(_) => unreachable!("a Try was sent"),
+        }
+    }
+}
+
+fn spawn(target: Arc<Target>, tx: UnboundedSender<Cmd>, rx: UnboundedReceiver<Cmd>) -> Result<()> {
+    let shown = target.shown.clone();
+    std::thread::Builder::new()
+        .name("sidelease-pg-shared".into())
+        .spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build();
+            match rt {
+                Ok(rt) => rt.block_on(run(target, tx, rx)),
+                Err(_) => drain(&target.server, &tx, rx),
+            }
+        })
+        .map(drop)
+        .map_err(|e| Error::io("pthread_create", Path::new(&shown), e))
+}
+
+/// A lease held on the shared session.
+struct Member {
+    target: Arc<Target>,
+    generation: i64,
+    confirmed: Arc<Confirmed>,
+    shared: Weak<Shared>,
+}
+
+struct Hub {
+    conn: Conn,
+    pid: i32,
+    server: String,
+    tx: UnboundedSender<Cmd>,
+    members: HashMap<i64, Member>,
+    /// Keys whose lock this session still holds for a lease that is gone
+    /// (lost on its own bound, or released while its row is written
+    /// elsewhere): never tried here until unlocked.
+    held: HashSet<i64>,
+    /// When the next heartbeat is due.
+    next: tokio::time::Instant,
+}
+
+async fn run(first: Arc<Target>, tx: UnboundedSender<Cmd>, mut rx: UnboundedReceiver<Cmd>) {
+    let server = first.server.clone();
+    let Some(Cmd::Try(req)) = rx.recv().await else {
+        return drain(&server, &tx, rx);
+    };
+    let conn = match tokio::time::timeout(req.patience(), open(&first, Some(app_name()))).await {
+        Ok(Ok(c)) => c,
+        // The first acquisition reports it, as its own connection would
+        // have; the others try on their own.
+        Ok(Err(e)) => {
+            req.slot.finish(Err(e));
+            return drain(&server, &tx, rx);
+        }
+        Err(_) => {
+            req.slot.finish(Err(io_error(
+                &first,
+                "connect",
+                format!(
+                    "the server did not answer within {:.1}s",
+                    req.patience().as_secs_f64()
+                ),
+            )));
+            return drain(&server, &tx, rx);
+        }
+    };
+    let pid = match shareable(&first, &conn).await {
+        Some(pid) => pid,
+        None => {
+            conn.close().await;
+            local::refuse_hub(&server, &tx, REFUSED_FOR);
+            req.alone();
+            return drain(&server, &tx, rx);
+        }
+    };
+    let mut hub = Hub {
+        conn,
+        pid,
+        server,
+        tx,
+        members: HashMap::new(),
+        held: HashSet::new(),
+        next: tokio::time::Instant::now(),
+    };
+    hub.try_one(*req).await;
+    let lost = hub.serve(&mut rx).await;
+    let Hub {
+        conn,
+        server,
+        tx,
+        members,
+        ..
+    } = hub;
+    local::forget_hub(&server, &tx);
+    match lost {
+        None => conn.close().await,
+        Some(reason) => {
+            // Close the connection first, so the server can end the
+            // session (and free the locks) while the loss callbacks run.
+            conn.task.abort();
+            drop(conn.client);
+            for m in members.values() {
+                lose(m, reason.clone());
+            }
+        }
+    }
+    drain(&server, &tx, rx);
+}
+
+/// What a shared session's `application_name` says: whose it is.
+fn app_name() -> String {
+    let me = crate::platform::process::current();
+    let mut s = format!(
+        "sidelease {}@{} shared",
+        me.pid,
+        me.host.as_deref().unwrap_or("?")
+    );
+    s.retain(|c| c.is_ascii() && !c.is_ascii_control());
+    s.truncate(63);
+    s
+}
+
+/// The checks an acquisition's own connection makes, once for the shared
+/// session: its own server session (no transaction pooler), a primary,
+/// no advisory lock it did not take. Its backend PID if it may be shared.
+async fn shareable(t: &Target, conn: &Conn) -> Option<i32> {
+    let (lport, laddr, rport, raddr) = match conn.ends {
+        Some((l, r)) => (
+            i32::from(l.port()),
+            l.ip().to_string(),
+            i32::from(r.port()),
+            r.ip().to_string(),
+        ),
+        None => (-1, String::new(), -1, String::new()),
+    };
+    let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 6] = [
+        (&ROW_LOCK_MS, Type::TEXT),
+        (&conn.session, Type::TEXT),
+        (&lport, Type::INT4),
+        (&laddr, Type::TEXT),
+        (&rport, Type::INT4),
+        (&raddr, Type::TEXT),
+    ];
+    let sql = format!(
+        "SELECT pg_backend_pid(), NOT pg_is_in_recovery() AND {POOLER_CHECK} AND NOT {FOREIGN_LOCKS} \
+             AND set_config('lock_timeout', $1, false) IS NOT NULL, \
+             (inet_client_port() IS NOT DISTINCT FROM $3 AND \
+              inet_client_addr() IS NOT DISTINCT FROM NULLIF($4, '')::inet AND \
+              inet_server_port() IS NOT DISTINCT FROM $5 AND \
+              inet_server_addr() IS NOT DISTINCT FROM NULLIF($6, '')::inet)"
+    );
+    let rows = tokio::time::timeout(CONNECT_TIMEOUT, conn.client.query_typed(&sql, &params))
+        .await
+        .ok()?
+        .ok()?;
+    let row = rows.first()?;
+    let (pid, fine, direct): (i32, bool, bool) = (row.get(0), row.get(1), row.get(2));
+    if !fine {
+        return None;
+    }
+    if !direct {
+        // Something sits between: a session pool is fine, a transaction
+        // pooler is not.
+        probe(t, conn, pid).await.ok()?;
+    }
+    Some(pid)
+}
+
+/// Answer what is left in a closed session's channel: acquisitions go on
+/// alone, releases find their lock gone with the session.
+fn drain(server: &str, tx: &UnboundedSender<Cmd>, mut rx: UnboundedReceiver<Cmd>) {
+    local::forget_hub(server, tx);
+    rx.close();
+    while let Ok(cmd) = rx.try_recv() {
+        match cmd {
+            Cmd::Try(req) => req.alone(),
+            Cmd::Leave(_, reply) | Cmd::Release(reply) => {
+                let _ = reply.send(Ok(()));
+            }
+            Cmd::Confirm(reply) => {
+                let _ = reply.send(false);
+            }
+            Cmd::Recorded(_, reply) => {
+                let _ = reply.send(Ok(()));
+            }
+            Cmd::Cancel | Cmd::Share => {}
+        }
+    }
+}
+
+fn lose(m: &Member, reason: String) {
+    if let Some(s) = m.shared.upgrade() {
+        s.mark_lost(Lost {
+            lease_path: PathBuf::from(&m.target.shown),
+            reason,
+            holders: Vec::new(),
+        });
+    }
+}
+
+impl Hub {
+    /// Serve until the session ends (`Some(reason)`: lost) or holds no
+    /// lease any more (`None`).
+    async fn serve(&mut self, rx: &mut UnboundedReceiver<Cmd>) -> Option<String> {
+        let mut idle_until = None;
+        loop {
+            let idle = self.members.is_empty() && self.held.is_empty();
+            idle_until = match (idle, idle_until) {
+                (false, _) => None,
+                (true, None) => Some(tokio::time::Instant::now() + LINGER),
+                (true, until) => until,
+            };
+            let close_at = idle_until.unwrap_or_else(tokio::time::Instant::now);
+            tokio::select! {
+                _ = tokio::time::sleep_until(close_at), if idle => return None,
+                cmd = rx.recv() => match cmd {
+                    Some(Cmd::Try(req)) => {
+                        self.try_one(*req).await;
+                        // Lingering counts from the last try.
+                        idle_until = None;
+                    }
+                    Some(Cmd::Leave(key, reply)) => self.leave(key, reply).await,
+                    Some(Cmd::Recorded(done, reply)) => {
+                        let (t, key, recorded) = *done;
+                        let unlocked = unlock(&self.conn.client, key).await;
+                        if unlocked.is_ok() {
+                            self.held.remove(&key);
+                        }
+                        let _ = reply.send(match (recorded, unlocked) {
+                            (Err(e), _) => Err(e),
+                            (Ok(()), Ok(())) => Ok(()),
+                            (Ok(()), Err(e)) => Err(pg_error(&t, "unlock", &e)),
+                        });
+                    }
+                    Some(Cmd::Confirm(reply)) => {
+                        let ok = match self.beat().await {
+                            Ok(()) => true,
+                            Err(why) => {
+                                let _ = reply.send(false);
+                                return Some(why);
+                            }
+                        };
+                        let _ = reply.send(ok);
+                    }
+                    Some(Cmd::Release(reply)) => { let _ = reply.send(Ok(())); }
+                    Some(Cmd::Cancel | Cmd::Share) => {}
+                    None => return None,
+                },
+                end = &mut self.conn.task => return Some(ended(end)),
+                _ = tokio::time::sleep_until(self.next), if !idle => {
+                    if let Err(why) = self.beat().await {
+                        return Some(why);
+                    }
+                }
+            }
+        }
+    }
+
+    /// How often to ask: four times within the tightest bound of the
+    /// leases here.
+    fn interval(&self) -> Duration {
+        self.members
+            .values()
+            .map(|m| m.confirmed.interval())
+            .min()
+            .unwrap_or(Duration::from_millis(250))
+    }
+
+    /// One heartbeat for every lease here. A lease whose own bound passed
+    /// is lost alone (and its lock given back); `Err` loses them all.
+    async fn beat(&mut self) -> std::result::Result<(), String> {
+        self.expire();
+        let left = self
+            .members
+            .values()
+            .map(|m| m.confirmed.bound().saturating_sub(m.confirmed.age()))
+            .min()
+            .unwrap_or(HEARTBEAT_DEADLINE);
+        let sent = Confirmed::clock();
+        self.next = tokio::time::Instant::now() + self.interval();
+        let answer =
+            tokio::time::timeout(left, heartbeat(&self.conn.client, &self.conn.session)).await;
+        match answer {
+            Ok(Ok((now, true))) if now == self.pid => {
+                for m in self.members.values() {
+                    m.confirmed.answered(sent);
+                }
+                self.expire();
+                let stale: Vec<i64> = self
+                    .held
+                    .iter()
+                    .copied()
+                    .filter(|k| !self.members.contains_key(k))
+                    .collect();
+                for key in stale {
+                    if unlock(&self.conn.client, key).await.is_ok() {
+                        self.held.remove(&key);
+                    }
+                }
+                Ok(())
+            }
+            Ok(Ok((now, _))) => Err(format!(
+                "the heartbeat ran in another server session (pid {}, then {now}): a \
+                 transaction- or statement-mode pooler sits between this process and the \
+                 server, and the lock stayed with the old session",
+                self.pid
+            )),
+            Ok(Err(e)) if e.is_closed() => {
+                let why = format!("the lease's session failed: {}", describe(&e));
+                Err(
+                    match tokio::time::timeout(ENDED_GRACE, &mut self.conn.task).await {
+                        Ok(end @ Ok(Err(_))) => ended(end),
+                        _ => why,
+                    },
+                )
+            }
+            Ok(Err(e)) => Err(format!("the lease's session failed: {}", describe(&e))),
+            // The tightest bound passed: that lease is lost, the others
+            // wait on.
+            Err(_) => {
+                self.expire();
+                Ok(())
+            }
+        }
+    }
+
+    /// Lose, alone, each lease whose bound passed without an answer; its
+    /// lock is given back once the session answers again.
+    fn expire(&mut self) {
+        let over: Vec<i64> = self
+            .members
+            .iter()
+            .filter(|(_, m)| m.confirmed.expired())
+            .map(|(k, _)| *k)
+            .collect();
+        for key in over {
+            if let Some(m) = self.members.remove(&key) {
+                self.held.insert(key);
+                lose(&m, silent(m.confirmed.bound()));
+            }
+        }
+    }
+
+    /// One try-acquisition: the lock and the row in one round trip; what
+    /// it cannot settle goes on alone.
+    async fn try_one(&mut self, req: TryReq) {
+        if req.slot.abandoned() {
+            return;
+        }
+        let t = req.target.clone();
+        if self.members.contains_key(&t.key)
+            || self.held.contains(&t.key)
+            || local::share_pending(&t.identity)
+        {
+            // Advisory locks are reentrant: this session must never take
+            // a key it holds.
+            return req.alone();
+        }
+        let Ok(mut rec) = Record::of_this_process(t.shown.clone(), &req.opts) else {
+            return req.alone();
+        };
+        rec.encrypted = Some(self.conn.tls.is_some());
+        let holder = rec.to_json();
+        let c = &self.conn.client;
+        let lock_params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 2] =
+            [(&t.key, Type::INT8), (&self.conn.session, Type::TEXT)];
+        let lock = c.query_typed(
+            "SELECT pg_backend_pid(), CASE WHEN current_setting('sidelease.session', true) \
+             IS NOT DISTINCT FROM $2 THEN pg_try_advisory_lock($1) ELSE false END",
+            &lock_params,
+        );
+        let row_params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 4] = [
+            (&t.name, Type::TEXT),
+            (&t.key, Type::INT8),
+            (&holder, Type::TEXT),
+            (&self.conn.session, Type::TEXT),
+        ];
+        let row = c.query_typed(GUARDED_UPSERT, &row_params);
+        let sent = Confirmed::clock();
+        let answered = tokio::time::timeout(HEARTBEAT_DEADLINE, in_order(lock, row)).await;
+        let Ok((locked, written)) = answered else {
+            // The session stalled: the heartbeat decides what that means;
+            // whether the lock was taken is not known, so keep the key off.
+            self.held.insert(t.key);
+            return req.alone();
+        };
+        let got = matches!(&locked, Ok(rows) if rows.first()
+            .is_some_and(|r| r.get::<_, i32>(0) == self.pid && r.get::<_, bool>(1)));
+        if !got && locked.is_ok() && req.opts.wait == Wait::NoWait {
+            // One attempt, and another process holds the lock: answer here
+            // rather than open a connection only to be refused.
+            if let Some(e) = self.in_use(&t, req.started).await {
+                return req.slot.finish(Err(e));
+            }
+        }
+        let written = match written {
+            Ok(mut rows) if got && rows.len() == 1 => Some(rows.remove(0)),
+            _ => None,
+        };
+        let Some(row) = written.filter(|r| r.get::<_, i32>(4) == self.pid) else {
+            if got && unlock(c, t.key).await.is_err() {
+                self.held.insert(t.key);
+            }
+            return req.alone();
+        };
+        let generation: i64 = row.get(0);
+        let previous = previous_of(row.get(1), row.get(2), row.get(3));
+        rec.generation = Some(generation as u64);
+        let confirmed = Arc::new(Confirmed::new(t.confirm_within, sent));
+        let link = Link::on_shared(
+            ManuallyDrop::new(self.tx.clone()),
+            &t,
+            self.pid,
+            confirmed.clone(),
+        );
+        let shared = Arc::new(Shared::new_remote(
+            PathBuf::from(&t.shown),
+            rec,
+            previous,
+            Box::new(link),
+        ));
+        let weak = Arc::downgrade(&shared);
+        if !req
+            .slot
+            .finish_with(|| local::insert(&t.identity, &t.name, shared))
+        {
+            // Given up while the row was written: let go at once.
+            if let Release::RowLocked = self.record_and_unlock(&t, generation).await {
+                if unlock(&self.conn.client, t.key).await.is_err() {
+                    self.held.insert(t.key);
+                }
+            }
+            return;
+        }
+        self.next = self
+            .next
+            .min(tokio::time::Instant::now() + confirmed.interval());
+        self.members.insert(
+            t.key,
+            Member {
+                target: t,
+                generation,
+                confirmed,
+                shared: weak,
+            },
+        );
+    }
+
+    /// The in-use error for a lock another session holds, as the
+    /// acquisition's own connection would have answered it; `None` when
+    /// this process holds it (on a connection of its own, through another
+    /// spelling of the server) or the session did not answer in time.
+    async fn in_use(&self, t: &Target, started: Instant) -> Option<Error> {
+        let ask = lock_holder(&self.conn.client, t);
+        let holder = tokio::time::timeout(HEARTBEAT_DEADLINE, ask)
+            .await
+            .ok()?
+            .ok()?;
+        if holder.is_some_and(|h| local::holds_backend(&t.name, h.backend_pid as i32)) {
+            return None;
+        }
+        let c = tokio::time::timeout(HEARTBEAT_DEADLINE, contention(&self.conn, t, started))
+            .await
+            .ok()?;
+        Some(Error::InUse(Box::new(c)))
+    }
+
+    /// The last release of a lease here: its row says released, then the
+    /// lock goes, in one round trip; a row lock held by a fencing
+    /// transaction is waited out on a connection of its own.
+    async fn leave(&mut self, key: i64, reply: SyncSender<Result<()>>) {
+        let Some(m) = self.members.remove(&key) else {
+            // Lost already: its lock was given back, or goes with the
+            // session.
+            let _ = reply.send(Ok(()));
+            return;
+        };
+        match self.record_and_unlock(&m.target, m.generation).await {
+            Release::Done(r) => {
+                let _ = reply.send(r);
+            }
+            Release::RowLocked => {
+                self.held.insert(key);
+                let tx = self.tx.clone();
+                tokio::spawn(async move {
+                    let r = record_alone(&m.target, m.generation).await;
+                    let _ = tx.send(Cmd::Recorded(Box::new((m.target, key, r)), reply));
+                });
+            }
+        }
+    }
+
+    async fn record_and_unlock(&mut self, t: &Target, generation: i64) -> Release {
+        let c = &self.conn.client;
+        let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 2] =
+            [(&t.name, Type::TEXT), (&generation, Type::INT8)];
+        let record = c.query_typed(UPDATE_RELEASED, &params);
+        let unlock_params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 3] = [
+            (&t.key, Type::INT8),
+            (&t.name, Type::TEXT),
+            (&generation, Type::INT8),
+        ];
+        let unlocked = c.query_typed(UNLOCK_IF_RECORDED, &unlock_params);
+        let answered = tokio::time::timeout(HEARTBEAT_DEADLINE, in_order(record, unlocked)).await;
+        match answered {
+            Ok((Ok(_), Ok(rows))) if rows.len() == 1 => Release::Done(Ok(())),
+            Ok((Err(e), _)) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                Release::RowLocked
+            }
+            Ok((recorded, _)) => {
+                // Not recorded (the row was deleted, a statement failed):
+                // the lock goes all the same.
+                let unlocked = unlock(c, t.key).await;
+                if unlocked.is_err() {
+                    self.held.insert(t.key);
+                }
+                Release::Done(match (recorded, unlocked) {
+                    (Err(e), _) | (_, Err(e)) => Err(pg_error(t, "release", &e)),
+                    (Ok(_), Ok(())) => Ok(()),
+                })
+            }
+            Err(_) => {
+                self.held.insert(t.key);
+                Release::Done(Err(io_error(
+                    t,
+                    "release",
+                    format!(
+                        "no answer from the server within {}s; the server ends the session, \
+                         and frees the lock, when it notices",
+                        HEARTBEAT_DEADLINE.as_secs()
+                    ),
+                )))
+            }
+        }
+    }
+}
+
+enum Release {
+    Done(Result<()>),
+    /// A fencing transaction holds the row: nothing changed yet.
+    RowLocked,
+}
+
+/// Record a release on a connection of its own, waiting out the fencing
+/// transaction as long as an acquisition's own session would.
+async fn record_alone(t: &Target, generation: i64) -> Result<()> {
+    let conn = open(t, None).await?;
+    let limit =
+        Duration::from_millis(ROW_LOCK_TIMEOUT.parse::<u64>().unwrap_or(5000)) + HEARTBEAT_DEADLINE;
+    let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 2] =
+        [(&t.name, Type::TEXT), (&generation, Type::INT8)];
+    let r = tokio::time::timeout(limit, conn.client.query_typed(UPDATE_RELEASED, &params)).await;
+    conn.close().await;
+    match r {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(pg_error(t, "update", &e)),
+        Err(_) => Err(io_error(
+            t,
+            "release",
+            format!("no answer from the server within {}s", limit.as_secs()),
+        )),
+    }
+}

@@ -1,0 +1,345 @@
+//! PostgreSQL leases on a shared session (`session=shared`): one connection
+//! per server for every such lease of a process, against the real test
+//! cluster (see postgres.rs). The tests run one at a time: they count this
+//! process's sessions, and one ends a shared session on purpose.
+#![cfg(feature = "postgres")]
+
+use std::collections::HashMap;
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sidelease::{ErrorKind, Lease, LeaseState, Options};
+
+mod common;
+use common::{env, psql, unique};
+
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn alone() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn shared_url(base: &str, name: &str) -> String {
+    format!("{base}?session=shared&lease={name}")
+}
+
+/// This process's sessions on the server (shared or a lease's own).
+fn my_sessions() -> usize {
+    psql(&format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'sidelease {}@%'",
+        std::process::id()
+    ))
+    .parse()
+    .unwrap()
+}
+
+/// The server PIDs of this process's sessions.
+fn session_pids() -> String {
+    psql(&format!(
+        "SELECT string_agg(pid::text, E'\\n' ORDER BY pid) FROM pg_stat_activity \
+         WHERE application_name LIKE 'sidelease {}@%'",
+        std::process::id()
+    ))
+}
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// Wait until `f` holds (a session ends on the server a moment after the
+/// client closed it).
+fn eventually(what: &str, limit: Duration, f: impl Fn() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn child_test(name: &str) -> Command {
+    let mut c = Command::new(std::env::current_exe().unwrap());
+    c.args(["--exact", name, "--nocapture", "--include-ignored"]);
+    c
+}
+
+#[test]
+fn a_thousand_leases_share_one_connection_and_a_handful_of_descriptors() {
+    let _one = alone();
+    let base = env("SIDELEASE_TEST_PG");
+    let prefix = unique("k");
+    let urls: Vec<String> = (0..1000)
+        .map(|i| shared_url(&base, &format!("{prefix}-{i}")))
+        .collect();
+    let fds = open_fds();
+    let leases: Vec<Lease> = urls
+        .iter()
+        .map(|u| Lease::acquire(u, &Options::new()).unwrap())
+        .collect();
+    assert_eq!(my_sessions(), 1, "1,000 leases, sessions of this process");
+    let grown = open_fds().saturating_sub(fds);
+    assert!(grown <= 8, "1,000 leases opened {grown} descriptors");
+    // Each is held on the server, by the one session.
+    let holders = psql(&format!(
+        "SELECT count(*), count(DISTINCT l.pid) FROM pg_locks l JOIN sidelease_leases s \
+         ON l.classid = ((s.key >> 32) & 4294967295)::oid AND l.objid = (s.key & 4294967295)::oid \
+         WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND s.name LIKE '{prefix}-%'"
+    ));
+    assert_eq!(holders, "1000|1");
+    for l in &leases {
+        assert_eq!(l.generation(), Some(1));
+        l.ensure_held_now().unwrap();
+    }
+    // Another process is refused each one.
+    let out = child_test("child_tries_each")
+        .env("SIDELEASE_CHILD_BASE", &base)
+        .env("SIDELEASE_CHILD_PREFIX", &prefix)
+        .env("SIDELEASE_CHILD_EXPECT", "in_use")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("CHILD in_use 1000 of 1000"), "{text}");
+    for l in &leases {
+        l.release().unwrap();
+    }
+    eventually("the shared session closed", Duration::from_secs(5), || {
+        my_sessions() == 0
+    });
+    let left = psql(&format!(
+        "SELECT count(*) FROM sidelease_leases WHERE name LIKE '{prefix}-%' AND released_at IS NULL"
+    ));
+    assert_eq!(left, "0", "rows not recorded released");
+}
+
+#[test]
+#[ignore = "run by the tests here in a child process"]
+fn child_tries_each() {
+    let base = std::env::var("SIDELEASE_CHILD_BASE").unwrap();
+    let prefix = std::env::var("SIDELEASE_CHILD_PREFIX").unwrap();
+    let expect = std::env::var("SIDELEASE_CHILD_EXPECT").unwrap();
+    let mut matched = 0;
+    let mut held = Vec::new();
+    let mut first_session = String::new();
+    for i in 0..1000 {
+        if i == 1 {
+            first_session = session_pids();
+        }
+        let u = shared_url(&base, &format!("{prefix}-{i}"));
+        match (Lease::acquire(&u, &Options::new()), expect.as_str()) {
+            (Err(e), "in_use") if e.kind() == ErrorKind::InUse => matched += 1,
+            // The previous holder lost it: its row was never released.
+            (Ok(l), "acquired") if l.previous_released_cleanly() == Some(false) => {
+                matched += 1;
+                held.push(l);
+            }
+            (r, _) => println!("CHILD {i}: {:?}", r.map(|l| l.previous_released_cleanly())),
+        }
+    }
+    // One session served every try: the one open after the first.
+    let sessions = session_pids();
+    assert_eq!(
+        sessions, first_session,
+        "sessions after the first try, and at the end"
+    );
+    assert!(!sessions.contains('\n'), "{sessions}");
+    println!("CHILD {expect} {matched} of 1000");
+}
+
+#[test]
+fn ending_the_shared_session_loses_every_lease_on_it_and_another_process_gets_each() {
+    let _one = alone();
+    let base = env("SIDELEASE_TEST_PG");
+    let prefix = unique("f");
+    let leases: Vec<Lease> = (0..1000)
+        .map(|i| {
+            Lease::acquire(shared_url(&base, &format!("{prefix}-{i}")), &Options::new()).unwrap()
+        })
+        .collect();
+    let lost = Arc::new(AtomicUsize::new(0));
+    for l in &leases {
+        let lost = lost.clone();
+        l.on_lost(move |_| {
+            lost.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap();
+    }
+    let ended = psql(&format!(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+         WHERE application_name LIKE 'sidelease {}@% shared'",
+        std::process::id()
+    ));
+    assert_eq!(ended, "1");
+    eventually("every lease told", Duration::from_secs(5), || {
+        lost.load(Ordering::SeqCst) == 1000
+    });
+    for l in &leases {
+        match l.state() {
+            LeaseState::Lost(why) => assert!(
+                why.reason.contains("administrator command"),
+                "{}",
+                why.reason
+            ),
+            s => panic!("{s:?}"),
+        }
+        assert_eq!(l.ensure_held().unwrap_err().kind(), ErrorKind::Lost);
+    }
+    let out = child_test("child_tries_each")
+        .env("SIDELEASE_CHILD_BASE", &base)
+        .env("SIDELEASE_CHILD_PREFIX", &prefix)
+        .env("SIDELEASE_CHILD_EXPECT", "acquired")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("CHILD acquired 1000 of 1000"), "{text}");
+    for l in &leases {
+        l.release().unwrap();
+    }
+}
+
+/// A server of its own with `max_connections=50` (`tests/pg/cluster
+/// scratch`), stopped when the test ends.
+struct Scratch {
+    dir: String,
+    url: String,
+}
+
+impl Scratch {
+    fn start() -> Scratch {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/pg/cluster");
+        let out = Command::new("bash")
+            .args([script, "scratch", "127.0.0.1"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let var = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(&format!("export {name}=")))
+                .unwrap_or_else(|| panic!("{name} in {text}"))
+                .to_owned()
+        };
+        Scratch {
+            url: format!(
+                "postgresql://app:app-secret@127.0.0.1:{}/app",
+                var("SCRATCH_PORT")
+            ),
+            dir: var("SCRATCH_DIR"),
+        }
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/pg/cluster");
+        let _ = Command::new("bash")
+            .args([script, "stop", &self.dir])
+            .status();
+    }
+}
+
+#[test]
+fn a_server_with_fifty_connections_holds_five_hundred_leases_of_one_process() {
+    let _one = alone();
+    let server = Scratch::start();
+    let prefix = unique("m");
+    let leases: Vec<Lease> = (0..500)
+        .map(|i| {
+            Lease::acquire(
+                shared_url(&server.url, &format!("{prefix}-{i}")),
+                &Options::new(),
+            )
+            .unwrap_or_else(|e| panic!("lease {i}: {e}"))
+        })
+        .collect();
+    // Leases with connections of their own run out: the server's
+    // max_connections (50, 3 of them reserved for superusers): SQLSTATE
+    // 53300, too_many_connections.
+    let own: Vec<_> = (0..50)
+        .map(|i| {
+            Lease::acquire(
+                format!("{}?lease={prefix}-own-{i}", server.url),
+                &Options::new(),
+            )
+        })
+        .collect();
+    let refused: Vec<String> = own
+        .iter()
+        .filter_map(|r| r.as_ref().err().map(|e| e.to_string()))
+        .collect();
+    assert!(
+        refused.iter().any(|e| e.contains("SQLSTATE 53300")),
+        "50 leases of their own on a server of 50 connections: {refused:?}"
+    );
+    drop(own);
+    for l in &leases {
+        l.ensure_held().unwrap();
+        l.release().unwrap();
+    }
+}
+
+#[test]
+fn eight_threads_cycle_a_thousand_times_on_one_session_and_no_answer_goes_astray() {
+    let _one = alone();
+    let base = env("SIDELEASE_TEST_PG");
+    let prefix = unique("c");
+    // One lease held throughout keeps the shared session open.
+    let anchor = Lease::acquire(
+        shared_url(&base, &format!("{prefix}-anchor")),
+        &Options::new(),
+    )
+    .unwrap();
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let base = base.clone();
+            let prefix = prefix.clone();
+            std::thread::spawn(move || {
+                let mut last: HashMap<String, u64> = HashMap::new();
+                for i in 0..1000 {
+                    let name = format!("{prefix}-{t}-{}", i % 4);
+                    let u = shared_url(&base, &name);
+                    let l = Lease::acquire(&u, &Options::new()).unwrap();
+                    let generation = l.generation().unwrap();
+                    let want = last.get(&name).map_or(1, |g| g + 1);
+                    assert_eq!(generation, want, "{name}: the generation of another lease?");
+                    if generation > 1 {
+                        let prev = l.previous().unwrap();
+                        assert!(prev.target.as_deref().unwrap().ends_with(&name));
+                        assert_eq!(prev.generation, Some(generation - 1));
+                        assert_eq!(l.previous_released_cleanly(), Some(true));
+                    }
+                    assert!(l.record().target.as_deref().unwrap().ends_with(&name));
+                    l.ensure_held().unwrap();
+                    l.release().unwrap();
+                    last.insert(name, generation);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(my_sessions(), 1);
+    anchor.ensure_held_now().unwrap();
+    let rows = psql(&format!(
+        "SELECT count(*), sum(generation), count(*) FILTER (WHERE released_at IS NULL) \
+         FROM sidelease_leases WHERE name LIKE '{prefix}-%-%'"
+    ));
+    assert_eq!(rows, "32|8000|0");
+    anchor.release().unwrap();
+    eventually("the shared session closed", Duration::from_secs(5), || {
+        my_sessions() == 0
+    });
+}
