@@ -343,3 +343,127 @@ fn eight_threads_cycle_a_thousand_times_on_one_session_and_no_answer_goes_astray
         my_sessions() == 0
     });
 }
+
+/// The server backend of this process's shared session.
+fn shared_backend() -> i32 {
+    psql(&format!(
+        "SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'sidelease {}@% shared'",
+        std::process::id()
+    ))
+    .parse()
+    .unwrap()
+}
+
+/// Stop (or continue) a server backend: the session stalls, its socket
+/// stays open.
+fn signal(pid: i32, sig: &str) {
+    let ok = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill {sig} {pid}");
+}
+
+/// Whether some session holds the lease `name`'s advisory lock.
+fn locked(name: &str) -> bool {
+    psql(&format!(
+        "SELECT count(*) FROM pg_locks l JOIN sidelease_leases s \
+         ON l.classid = ((s.key >> 32) & 4294967295)::oid AND l.objid = (s.key & 4294967295)::oid \
+         WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND s.name = '{name}'"
+    )) == "1"
+}
+
+#[test]
+fn a_stalled_session_loses_the_tight_lease_alone_and_its_old_handle_cannot_release_the_new() {
+    let _one = alone();
+    let base = env("SIDELEASE_TEST_PG");
+    let (tight, loose) = (unique("tight"), unique("loose"));
+    let tight_url = format!("{base}?session=shared&confirm_within=100&lease={tight}");
+    let old = Lease::acquire(&tight_url, &Options::new()).unwrap();
+    let other = Lease::acquire(
+        format!("{base}?session=shared&confirm_within=4000&lease={loose}"),
+        &Options::new(),
+    )
+    .unwrap();
+    let backend = shared_backend();
+    signal(backend, "-STOP");
+    // Asked at once, while the tight lease's heartbeat goes unanswered:
+    // the loose lease is not confirmed (unknown), whatever its bound.
+    let t = Instant::now();
+    let asked = other.ensure_held_now();
+    let answered_in = t.elapsed();
+    std::thread::sleep(Duration::from_millis(400));
+    let old_state = old.state();
+    let other_state = other.state();
+    signal(backend, "-CONT");
+    assert_eq!(
+        asked.unwrap_err().kind(),
+        ErrorKind::Io,
+        "after {answered_in:?}"
+    );
+    assert!(matches!(old_state, LeaseState::Lost(_)), "{old_state:?}");
+    assert_eq!(other_state, LeaseState::Held);
+    other.ensure_held_now().unwrap();
+    // The lost lease's lock is given back once the session answers; the
+    // lease is taken anew (a new generation) on the same session.
+    eventually(
+        "the lost lease's lock given back",
+        Duration::from_secs(5),
+        || !locked(&tight),
+    );
+    let new = Lease::acquire(&tight_url, &Options::new()).unwrap();
+    assert_eq!(new.generation(), Some(2));
+    // Releasing the old handle leaves the new lease alone.
+    old.release().unwrap();
+    new.ensure_held_now().unwrap();
+    assert!(locked(&tight));
+    assert_eq!(
+        psql(&format!(
+            "SELECT generation, released_at IS NULL FROM sidelease_leases WHERE name = '{tight}'"
+        )),
+        "2|t"
+    );
+    new.release().unwrap();
+    other.release().unwrap();
+    assert!(!locked(&tight) && !locked(&loose));
+}
+
+#[test]
+fn a_release_on_a_shared_session_waits_out_a_fencing_transaction_holding_the_lock() {
+    let _one = alone();
+    let base = env("SIDELEASE_TEST_PG");
+    let name = unique("fenced");
+    let u = shared_url(&base, &name);
+    let l = Lease::acquire(&u, &Options::new()).unwrap();
+    let fencing = {
+        let name = name.clone();
+        std::thread::spawn(move || {
+            psql(&format!(
+                "BEGIN; SELECT generation FROM sidelease_leases WHERE name = '{name}' FOR SHARE; \
+                 SELECT pg_sleep(1.5); COMMIT;"
+            ))
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let watcher = {
+        let name = name.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(500));
+            locked(&name)
+        })
+    };
+    let t = Instant::now();
+    l.release().unwrap();
+    let took = t.elapsed();
+    assert!(took >= Duration::from_millis(800), "{took:?}");
+    assert!(
+        watcher.join().unwrap(),
+        "the lock was given back before the release was recorded"
+    );
+    fencing.join().unwrap();
+    assert!(!locked(&name));
+    let next = Lease::acquire(&u, &Options::new()).unwrap();
+    assert_eq!(next.generation(), Some(2));
+    assert_eq!(next.previous_released_cleanly(), Some(true));
+}

@@ -144,19 +144,34 @@ pub(crate) fn start(mut req: TryReq) -> Result<()> {
 
 fn spawn(target: Arc<Target>, tx: UnboundedSender<Cmd>, rx: UnboundedReceiver<Cmd>) -> Result<()> {
     let shown = target.shown.clone();
-    std::thread::Builder::new()
+    // Reachable from here too: if the thread cannot be made, what other
+    // threads queued on the channel meanwhile goes on alone.
+    let handed = Arc::new(std::sync::Mutex::new(Some(rx)));
+    let theirs = handed.clone();
+    let (server, their_tx) = (target.server.clone(), tx.clone());
+    let made = std::thread::Builder::new()
         .name("sidelease-pg-shared".into())
         .spawn(move || {
+            let Some(rx) = theirs.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+                return;
+            };
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build();
             match rt {
-                Ok(rt) => rt.block_on(run(target, tx, rx)),
-                Err(_) => drain(&target.server, &tx, rx),
+                Ok(rt) => rt.block_on(run(target, their_tx, rx)),
+                Err(_) => drain(&target.server, &their_tx, rx),
             }
-        })
-        .map(drop)
-        .map_err(|e| Error::io("pthread_create", Path::new(&shown), e))
+        });
+    match made {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            if let Some(rx) = handed.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                drain(&server, &tx, rx);
+            }
+            Err(Error::io("pthread_create", Path::new(&shown), e))
+        }
+    }
 }
 
 /// A lease held on the shared session.
@@ -173,10 +188,15 @@ struct Hub {
     server: String,
     tx: UnboundedSender<Cmd>,
     members: HashMap<i64, Member>,
-    /// Keys whose lock this session still holds for a lease that is gone
-    /// (lost on its own bound, or released while its row is written
-    /// elsewhere): never tried here until unlocked.
-    held: HashSet<i64>,
+    /// Keys whose lock this session may still hold for no lease (one lost
+    /// on its own bound, an unlock or a try that got no answer in time):
+    /// never tried here, and given back once the session answers again;
+    /// with the nonce of a holder row a try may have written meanwhile,
+    /// which is then recorded released first.
+    held: HashMap<i64, Option<(Arc<Target>, String)>>,
+    /// Keys released while their row is written on a side connection (a
+    /// fencing transaction held it): locked until that write is done.
+    recording: HashSet<i64>,
     /// When the next heartbeat is due.
     next: tokio::time::Instant,
 }
@@ -186,12 +206,29 @@ async fn run(first: Arc<Target>, tx: UnboundedSender<Cmd>, mut rx: UnboundedRece
     let Some(Cmd::Try(req)) = rx.recv().await else {
         return drain(&server, &tx, rx);
     };
-    let conn = match tokio::time::timeout(req.patience(), open(&first, Some(app_name()))).await {
+    // Tries that come while the session opens wait for it, unless their
+    // caller's time is shorter than the opening's: those go alone.
+    let mut queued: Vec<Box<TryReq>> = Vec::new();
+    let opening = tokio::time::timeout(req.patience(), open(&first, Some(app_name())));
+    tokio::pin!(opening);
+    let opened = loop {
+        tokio::select! {
+            r = &mut opening => break r,
+            cmd = rx.recv() => match cmd {
+                Some(Cmd::Try(other)) if other.patience() < req.patience() => other.alone(),
+                Some(Cmd::Try(other)) => queued.push(other),
+                Some(_) => {}
+                None => break (&mut opening).await,
+            },
+        }
+    };
+    let conn = match opened {
         Ok(Ok(c)) => c,
         // The first acquisition reports it, as its own connection would
         // have; the others try on their own.
         Ok(Err(e)) => {
             req.slot.finish(Err(e));
+            queued.into_iter().for_each(|q| q.alone());
             return drain(&server, &tx, rx);
         }
         Err(_) => {
@@ -203,6 +240,7 @@ async fn run(first: Arc<Target>, tx: UnboundedSender<Cmd>, mut rx: UnboundedRece
                     req.patience().as_secs_f64()
                 ),
             )));
+            queued.into_iter().for_each(|q| q.alone());
             return drain(&server, &tx, rx);
         }
     };
@@ -212,6 +250,7 @@ async fn run(first: Arc<Target>, tx: UnboundedSender<Cmd>, mut rx: UnboundedRece
             conn.close().await;
             local::refuse_hub(&server, &tx, REFUSED_FOR);
             req.alone();
+            queued.into_iter().for_each(|q| q.alone());
             return drain(&server, &tx, rx);
         }
     };
@@ -221,10 +260,14 @@ async fn run(first: Arc<Target>, tx: UnboundedSender<Cmd>, mut rx: UnboundedRece
         server,
         tx,
         members: HashMap::new(),
-        held: HashSet::new(),
+        held: HashMap::new(),
+        recording: HashSet::new(),
         next: tokio::time::Instant::now(),
     };
     hub.try_one(*req).await;
+    for q in queued {
+        hub.try_one(*q).await;
+    }
     let lost = hub.serve(&mut rx).await;
     let Hub {
         conn,
@@ -316,7 +359,7 @@ fn drain(server: &str, tx: &UnboundedSender<Cmd>, mut rx: UnboundedReceiver<Cmd>
     while let Ok(cmd) = rx.try_recv() {
         match cmd {
             Cmd::Try(req) => req.alone(),
-            Cmd::Leave(_, reply) | Cmd::Release(reply) => {
+            Cmd::Leave(_, _, reply) | Cmd::Release(reply) => {
                 let _ = reply.send(Ok(()));
             }
             Cmd::Confirm(reply) => {
@@ -346,7 +389,7 @@ impl Hub {
     async fn serve(&mut self, rx: &mut UnboundedReceiver<Cmd>) -> Option<String> {
         let mut idle_until = None;
         loop {
-            let idle = self.members.is_empty() && self.held.is_empty();
+            let idle = self.members.is_empty() && self.held.is_empty() && self.recording.is_empty();
             idle_until = match (idle, idle_until) {
                 (false, _) => None,
                 (true, None) => Some(tokio::time::Instant::now() + LINGER),
@@ -361,29 +404,28 @@ impl Hub {
                         // Lingering counts from the last try.
                         idle_until = None;
                     }
-                    Some(Cmd::Leave(key, reply)) => self.leave(key, reply).await,
+                    Some(Cmd::Leave(key, generation, reply)) => {
+                        self.leave(key, generation, reply).await
+                    }
                     Some(Cmd::Recorded(done, reply)) => {
                         let (t, key, recorded) = *done;
-                        let unlocked = unlock(&self.conn.client, key).await;
-                        if unlocked.is_ok() {
-                            self.held.remove(&key);
+                        if self.recording.remove(&key) {
+                            let unlocked = self.unlock(&t, key).await;
+                            let _ = reply.send(recorded.and(unlocked));
                         }
-                        let _ = reply.send(match (recorded, unlocked) {
-                            (Err(e), _) => Err(e),
-                            (Ok(()), Ok(())) => Ok(()),
-                            (Ok(()), Err(e)) => Err(pg_error(&t, "unlock", &e)),
-                        });
                     }
-                    Some(Cmd::Confirm(reply)) => {
-                        let ok = match self.beat().await {
-                            Ok(()) => true,
-                            Err(why) => {
-                                let _ = reply.send(false);
-                                return Some(why);
-                            }
-                        };
-                        let _ = reply.send(ok);
-                    }
+                    Some(Cmd::Confirm(reply)) => match self.beat().await {
+                        Ok(true) => {
+                            let _ = reply.send(true);
+                        }
+                        // No answer in time: the caller hears none (unknown,
+                        // not confirmed).
+                        Ok(false) => drop(reply),
+                        Err(why) => {
+                            let _ = reply.send(false);
+                            return Some(why);
+                        }
+                    },
                     Some(Cmd::Release(reply)) => { let _ = reply.send(Ok(())); }
                     Some(Cmd::Cancel | Cmd::Share) => {}
                     None => return None,
@@ -408,9 +450,10 @@ impl Hub {
             .unwrap_or(Duration::from_millis(250))
     }
 
-    /// One heartbeat for every lease here. A lease whose own bound passed
-    /// is lost alone (and its lock given back); `Err` loses them all.
-    async fn beat(&mut self) -> std::result::Result<(), String> {
+    /// One heartbeat for every lease here: `Ok(true)` answered in time,
+    /// `Ok(false)` not within the tightest bound. A lease whose own bound
+    /// passed is lost alone (and its lock given back); `Err` loses them all.
+    async fn beat(&mut self) -> std::result::Result<bool, String> {
         self.expire();
         let left = self
             .members
@@ -428,18 +471,8 @@ impl Hub {
                     m.confirmed.answered(sent);
                 }
                 self.expire();
-                let stale: Vec<i64> = self
-                    .held
-                    .iter()
-                    .copied()
-                    .filter(|k| !self.members.contains_key(k))
-                    .collect();
-                for key in stale {
-                    if unlock(&self.conn.client, key).await.is_ok() {
-                        self.held.remove(&key);
-                    }
-                }
-                Ok(())
+                self.give_back().await;
+                Ok(true)
             }
             Ok(Ok((now, _))) => Err(format!(
                 "the heartbeat ran in another server session (pid {}, then {now}): a \
@@ -461,9 +494,71 @@ impl Hub {
             // wait on.
             Err(_) => {
                 self.expire();
-                Ok(())
+                Ok(false)
             }
         }
+    }
+
+    /// Give back the locks no lease holds any more (the session answered:
+    /// it is not stalled), recording first a holder row a try may have
+    /// written for nobody.
+    async fn give_back(&mut self) {
+        let keys: Vec<i64> = self.held.keys().copied().collect();
+        for key in keys {
+            let Some(phantom) = self.held.get(&key).cloned() else {
+                continue;
+            };
+            if let Some((t, nonce)) = &phantom {
+                let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 2] =
+                    [(&t.name, Type::TEXT), (nonce, Type::TEXT)];
+                let fix = self.conn.client.query_typed(
+                    "UPDATE sidelease_leases SET released_at = now() WHERE name = $1 \
+                     AND released_at IS NULL AND holder->>'nonce' = $2",
+                    &params,
+                );
+                match tokio::time::timeout(HEARTBEAT_DEADLINE, fix).await {
+                    Ok(Ok(_)) => {}
+                    _ => continue,
+                }
+            }
+            if self.unlock_key(key).await {
+                self.held.remove(&key);
+            }
+        }
+    }
+
+    /// One unlock, bounded; false (and the key kept in `held`) when the
+    /// session did not answer in time or refused.
+    async fn unlock_key(&mut self, key: i64) -> bool {
+        let ok = matches!(
+            tokio::time::timeout(HEARTBEAT_DEADLINE, unlock(&self.conn.client, key)).await,
+            Ok(Ok(()))
+        );
+        if !ok {
+            self.held.entry(key).or_insert(None);
+        }
+        ok
+    }
+
+    /// [`Hub::unlock_key`] for a release: its error names the lease.
+    async fn unlock(&mut self, t: &Target, key: i64) -> Result<()> {
+        if self.unlock_key(key).await {
+            return Ok(());
+        }
+        Err(io_error(
+            t,
+            "unlock",
+            "the shared session did not unlock the lease in time; it does once it answers again, \
+             or the server does when the session ends",
+        ))
+    }
+
+    /// Whether this session holds, or may hold, the key: advisory locks are
+    /// reentrant, so it must never take it again.
+    fn busy(&self, key: i64) -> bool {
+        self.members.contains_key(&key)
+            || self.held.contains_key(&key)
+            || self.recording.contains(&key)
     }
 
     /// Lose, alone, each lease whose bound passed without an answer; its
@@ -475,10 +570,26 @@ impl Hub {
             .filter(|(_, m)| m.confirmed.expired())
             .map(|(k, _)| *k)
             .collect();
+        let mut gone = Vec::new();
         for key in over {
             if let Some(m) = self.members.remove(&key) {
-                self.held.insert(key);
-                lose(&m, silent(m.confirmed.bound()));
+                self.held.entry(key).or_insert(None);
+                gone.push(m);
+            }
+        }
+        if !gone.is_empty() {
+            // Told on a thread of their own: a slow callback must not hold
+            // up the other leases' heartbeats.
+            let tell = move || {
+                for m in &gone {
+                    lose(m, silent(m.confirmed.bound()));
+                }
+            };
+            if let Err(e) = std::thread::Builder::new()
+                .name("sidelease-pg-lost".into())
+                .spawn(tell)
+            {
+                drop(e);
             }
         }
     }
@@ -490,10 +601,7 @@ impl Hub {
             return;
         }
         let t = req.target.clone();
-        if self.members.contains_key(&t.key)
-            || self.held.contains(&t.key)
-            || local::share_pending(&t.identity)
-        {
+        if self.busy(t.key) || local::share_pending(&t.identity) {
             // Advisory locks are reentrant: this session must never take
             // a key it holds.
             return req.alone();
@@ -503,6 +611,7 @@ impl Hub {
         };
         rec.encrypted = Some(self.conn.tls.is_some());
         let holder = rec.to_json();
+        let nonce = rec.nonce.clone().unwrap_or_default();
         let c = &self.conn.client;
         let lock_params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 2] =
             [(&t.key, Type::INT8), (&self.conn.session, Type::TEXT)];
@@ -521,9 +630,11 @@ impl Hub {
         let sent = Confirmed::clock();
         let answered = tokio::time::timeout(HEARTBEAT_DEADLINE, in_order(lock, row)).await;
         let Ok((locked, written)) = answered else {
-            // The session stalled: the heartbeat decides what that means;
-            // whether the lock was taken is not known, so keep the key off.
-            self.held.insert(t.key);
+            // The session stalled: the heartbeat decides what that means.
+            // Whether the lock was taken and the row written is not known:
+            // the key stays off, and a row of this try is recorded released
+            // before the lock is given back.
+            self.held.insert(t.key, Some((t.clone(), nonce)));
             return req.alone();
         };
         let got = matches!(&locked, Ok(rows) if rows.first()
@@ -540,8 +651,8 @@ impl Hub {
             _ => None,
         };
         let Some(row) = written.filter(|r| r.get::<_, i32>(4) == self.pid) else {
-            if got && unlock(c, t.key).await.is_err() {
-                self.held.insert(t.key);
+            if got {
+                self.unlock_key(t.key).await;
             }
             return req.alone();
         };
@@ -552,7 +663,7 @@ impl Hub {
         let link = Link::on_shared(
             ManuallyDrop::new(self.tx.clone()),
             &t,
-            self.pid,
+            (self.pid, generation),
             confirmed.clone(),
         );
         let shared = Arc::new(Shared::new_remote(
@@ -568,9 +679,8 @@ impl Hub {
         {
             // Given up while the row was written: let go at once.
             if let Release::RowLocked = self.record_and_unlock(&t, generation).await {
-                if unlock(&self.conn.client, t.key).await.is_err() {
-                    self.held.insert(t.key);
-                }
+                let (reply, _) = std::sync::mpsc::sync_channel(1);
+                self.record_later(t, generation, reply);
             }
             return;
         }
@@ -610,26 +720,40 @@ impl Hub {
     /// The last release of a lease here: its row says released, then the
     /// lock goes, in one round trip; a row lock held by a fencing
     /// transaction is waited out on a connection of its own.
-    async fn leave(&mut self, key: i64, reply: SyncSender<Result<()>>) {
-        let Some(m) = self.members.remove(&key) else {
+    async fn leave(&mut self, key: i64, generation: i64, reply: SyncSender<Result<()>>) {
+        // Only the lease this release is of: one lost before may have left
+        // its key to a newer lease here.
+        if self
+            .members
+            .get(&key)
+            .is_none_or(|m| m.generation != generation)
+        {
             // Lost already: its lock was given back, or goes with the
             // session.
             let _ = reply.send(Ok(()));
+            return;
+        }
+        let Some(m) = self.members.remove(&key) else {
             return;
         };
         match self.record_and_unlock(&m.target, m.generation).await {
             Release::Done(r) => {
                 let _ = reply.send(r);
             }
-            Release::RowLocked => {
-                self.held.insert(key);
-                let tx = self.tx.clone();
-                tokio::spawn(async move {
-                    let r = record_alone(&m.target, m.generation).await;
-                    let _ = tx.send(Cmd::Recorded(Box::new((m.target, key, r)), reply));
-                });
-            }
+            Release::RowLocked => self.record_later(m.target, m.generation, reply),
         }
+    }
+
+    /// Write a release's row on a side connection, the lock kept meanwhile,
+    /// and unlock (then answer) once it is written.
+    fn record_later(&mut self, t: Arc<Target>, generation: i64, reply: SyncSender<Result<()>>) {
+        let key = t.key;
+        self.recording.insert(key);
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let r = record_alone(&t, generation).await;
+            let _ = tx.send(Cmd::Recorded(Box::new((t, key, r)), reply));
+        });
     }
 
     async fn record_and_unlock(&mut self, t: &Target, generation: i64) -> Release {
@@ -652,17 +776,14 @@ impl Hub {
             Ok((recorded, _)) => {
                 // Not recorded (the row was deleted, a statement failed):
                 // the lock goes all the same.
-                let unlocked = unlock(c, t.key).await;
-                if unlocked.is_err() {
-                    self.held.insert(t.key);
-                }
-                Release::Done(match (recorded, unlocked) {
-                    (Err(e), _) | (_, Err(e)) => Err(pg_error(t, "release", &e)),
-                    (Ok(_), Ok(())) => Ok(()),
+                let unlocked = self.unlock(t, t.key).await;
+                Release::Done(match recorded {
+                    Err(e) => Err(pg_error(t, "release", &e)),
+                    Ok(_) => unlocked,
                 })
             }
             Err(_) => {
-                self.held.insert(t.key);
+                self.held.entry(t.key).or_insert(None);
                 Release::Done(Err(io_error(
                     t,
                     "release",

@@ -34,6 +34,9 @@ use crate::registry;
 /// How long a statement other than the heartbeat may wait for its answer
 /// (a release, the cancel of a wait).
 pub const HEARTBEAT_DEADLINE: Duration = Duration::from_secs(2);
+/// How long a release waits for its session's answer: the row write's
+/// bound, a side connection's for a shared session, and a margin.
+const RELEASE_ANSWER: Duration = Duration::from_secs(15);
 /// Between reconnections while waiting (the server restarting, say).
 const RECONNECT_PAUSE: Duration = Duration::from_millis(250);
 
@@ -64,8 +67,9 @@ pub(crate) enum Cmd {
     Share,
     /// For the shared session: a try-acquisition.
     Try(Box<super::hub::TryReq>),
-    /// For the shared session: the last release of the lease with this key.
-    Leave(i64, std::sync::mpsc::SyncSender<Result<()>>),
+    /// For the shared session: the last release of the lease with this key
+    /// and generation.
+    Leave(i64, i64, std::sync::mpsc::SyncSender<Result<()>>),
     /// For the shared session: a release's row, written on a connection of
     /// its own; unlock the key and answer.
     Recorded(
@@ -81,13 +85,16 @@ pub(crate) struct Link {
     thread: std::thread::ThreadId,
     pub identity: String,
     pub name: String,
+    /// The lease's URL, password masked.
+    shown: String,
     /// The server backend holding the lock.
     pub backend_pid: i32,
     /// When the server last confirmed the session (ms on `Confirmed`'s
     /// clock): at the acquisition, then at each answered heartbeat.
     pub confirmed: Arc<Confirmed>,
-    /// On the shared session of its server: the lease's key there.
-    member: Option<i64>,
+    /// On the shared session of its server: the lease's key and generation
+    /// there.
+    member: Option<(i64, i64)>,
 }
 
 impl Drop for Link {
@@ -107,7 +114,7 @@ impl Link {
     pub(crate) fn on_shared(
         tx: ManuallyDrop<UnboundedSender<Cmd>>,
         t: &Target,
-        backend_pid: i32,
+        (backend_pid, generation): (i32, i64),
         confirmed: Arc<Confirmed>,
     ) -> Link {
         Link {
@@ -116,9 +123,10 @@ impl Link {
             thread: std::thread::current().id(),
             identity: t.identity.clone(),
             name: t.name.clone(),
+            shown: t.shown.clone(),
             backend_pid,
             confirmed,
-            member: Some(t.key),
+            member: Some((t.key, generation)),
         }
     }
 
@@ -128,7 +136,7 @@ impl Link {
         let (reply, answer) = std::sync::mpsc::sync_channel(1);
         let cmd = match self.member {
             None => Cmd::Release(reply),
-            Some(key) => Cmd::Leave(key, reply),
+            Some((key, generation)) => Cmd::Leave(key, generation, reply),
         };
         if self.tx.send(cmd).is_err() {
             // The thread ended: the session, and the lock, are gone.
@@ -137,7 +145,20 @@ impl Link {
         if std::thread::current().id() == self.thread {
             return Ok(());
         }
-        answer.recv().unwrap_or(Ok(()))
+        match answer.recv_timeout(RELEASE_ANSWER) {
+            Ok(r) => r,
+            // The thread ended: the session, and the lock, are gone.
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Ok(()),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(Error::Io {
+                syscall: "release",
+                path: PathBuf::from(&self.shown),
+                source: std::io::Error::other(format!(
+                    "the lease's session did not answer the release within {}s; the server \
+                     frees the lock when the session ends",
+                    RELEASE_ANSWER.as_secs()
+                )),
+            }),
+        }
     }
 
     /// Ask the server now (one round trip, within the bound): `Some(true)`
@@ -780,6 +801,7 @@ impl Run {
             thread: std::thread::current().id(),
             identity: t.identity.clone(),
             name: t.name.clone(),
+            shown: t.shown.clone(),
             backend_pid: pid,
             confirmed: Arc::new(Confirmed::new(t.confirm_within, sent)),
             member: None,
