@@ -197,6 +197,9 @@ struct Hub {
     /// Keys released while their row is written on a side connection (a
     /// fencing transaction held it): locked until that write is done.
     recording: HashSet<i64>,
+    /// Keys of leases lost on their own bound whose holders are being told
+    /// (on a thread of their own): not given back until they were.
+    telling: HashSet<i64>,
     /// When the next heartbeat is due.
     next: tokio::time::Instant,
 }
@@ -262,6 +265,7 @@ async fn run(first: Arc<Target>, tx: UnboundedSender<Cmd>, mut rx: UnboundedRece
         members: HashMap::new(),
         held: HashMap::new(),
         recording: HashSet::new(),
+        telling: HashSet::new(),
         next: tokio::time::Instant::now(),
     };
     hub.try_one(*req).await;
@@ -368,7 +372,7 @@ fn drain(server: &str, tx: &UnboundedSender<Cmd>, mut rx: UnboundedReceiver<Cmd>
             Cmd::Recorded(_, reply) => {
                 let _ = reply.send(Ok(()));
             }
-            Cmd::Cancel | Cmd::Share => {}
+            Cmd::Cancel | Cmd::Share | Cmd::Told(_) => {}
         }
     }
 }
@@ -426,6 +430,9 @@ impl Hub {
                             return Some(why);
                         }
                     },
+                    Some(Cmd::Told(keys)) => keys.iter().for_each(|k| {
+                        self.telling.remove(k);
+                    }),
                     Some(Cmd::Release(reply)) => { let _ = reply.send(Ok(())); }
                     Some(Cmd::Cancel | Cmd::Share) => {}
                     None => return None,
@@ -503,7 +510,12 @@ impl Hub {
     /// it is not stalled), recording first a holder row a try may have
     /// written for nobody.
     async fn give_back(&mut self) {
-        let keys: Vec<i64> = self.held.keys().copied().collect();
+        let keys: Vec<i64> = self
+            .held
+            .keys()
+            .copied()
+            .filter(|k| !self.telling.contains(k))
+            .collect();
         for key in keys {
             let Some(phantom) = self.held.get(&key).cloned() else {
                 continue;
@@ -517,12 +529,19 @@ impl Hub {
                     &params,
                 );
                 match tokio::time::timeout(HEARTBEAT_DEADLINE, fix).await {
+                    // Written, or not writable from here (no table, no
+                    // privilege): no row of this try to record either way.
                     Ok(Ok(_)) => {}
-                    _ => continue,
+                    Ok(Err(e)) if e.code() != Some(&SqlState::LOCK_NOT_AVAILABLE) => {}
+                    Ok(Err(_)) => continue,
+                    // Stalled again: the next answered heartbeat goes on.
+                    Err(_) => return,
                 }
             }
             if self.unlock_key(key).await {
                 self.held.remove(&key);
+            } else {
+                return;
             }
         }
     }
@@ -577,20 +596,35 @@ impl Hub {
                 gone.push(m);
             }
         }
-        if !gone.is_empty() {
-            // Told on a thread of their own: a slow callback must not hold
-            // up the other leases' heartbeats.
-            let tell = move || {
-                for m in &gone {
-                    lose(m, silent(m.confirmed.bound()));
+        if gone.is_empty() {
+            return;
+        }
+        // Told on a thread of their own, so a slow callback does not hold
+        // up the other leases' heartbeats; their locks are given back only
+        // once they were told (`Cmd::Told`).
+        let keys: Vec<i64> = gone.iter().map(|m| m.target.key).collect();
+        self.telling.extend(keys.iter().copied());
+        let gone = Arc::new(std::sync::Mutex::new(Some(gone)));
+        let theirs = gone.clone();
+        let tx = self.tx.clone();
+        let told = keys.clone();
+        let made = std::thread::Builder::new()
+            .name("sidelease-pg-lost".into())
+            .spawn(move || {
+                if let Some(gone) = theirs.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                    gone.iter()
+                        .for_each(|m| lose(m, silent(m.confirmed.bound())));
                 }
-            };
-            if let Err(e) = std::thread::Builder::new()
-                .name("sidelease-pg-lost".into())
-                .spawn(tell)
-            {
-                drop(e);
+                let _ = tx.send(Cmd::Told(told));
+            });
+        if made.is_err() {
+            if let Some(gone) = gone.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                gone.iter()
+                    .for_each(|m| lose(m, silent(m.confirmed.bound())));
             }
+            keys.iter().for_each(|k| {
+                self.telling.remove(k);
+            });
         }
     }
 
@@ -807,7 +841,16 @@ enum Release {
 /// Record a release on a connection of its own, waiting out the fencing
 /// transaction as long as an acquisition's own session would.
 async fn record_alone(t: &Target, generation: i64) -> Result<()> {
-    let conn = open(t, None).await?;
+    let conn = match tokio::time::timeout(CONNECT_TIMEOUT, open(t, None)).await {
+        Ok(c) => c?,
+        Err(_) => {
+            return Err(io_error(
+                t,
+                "release",
+                "the server did not answer a connection to record the release in time",
+            ))
+        }
+    };
     let limit =
         Duration::from_millis(ROW_LOCK_TIMEOUT.parse::<u64>().unwrap_or(5000)) + HEARTBEAT_DEADLINE;
     let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 2] =

@@ -76,6 +76,9 @@ pub(crate) enum Cmd {
         Box<(Arc<Target>, i64, Result<()>)>,
         std::sync::mpsc::SyncSender<Result<()>>,
     ),
+    /// For the shared session: the holders of these keys' lost leases were
+    /// told.
+    Told(Vec<i64>),
 }
 
 /// A held PostgreSQL lease's line to its thread.
@@ -359,7 +362,7 @@ impl Run {
                 cmd = self.rx.recv() => match cmd {
                     Some(Cmd::Share) => return true,
                     Some(Cmd::Release(_) | Cmd::Confirm(_)) => {}
-                    Some(Cmd::Try(_) | Cmd::Leave(..) | Cmd::Recorded(..)) => {}
+                    Some(Cmd::Try(_) | Cmd::Leave(..) | Cmd::Recorded(..) | Cmd::Told(_)) => {}
                     Some(Cmd::Cancel) | None => return false,
                 },
             }
@@ -568,7 +571,7 @@ impl Run {
                     why = match cmd {
                         Some(Cmd::Share) => Some(Step::Share),
                         Some(Cmd::Release(_) | Cmd::Confirm(_)) => continue,
-                        Some(Cmd::Try(_) | Cmd::Leave(..) | Cmd::Recorded(..)) => continue,
+                        Some(Cmd::Try(_) | Cmd::Leave(..) | Cmd::Recorded(..) | Cmd::Told(_)) => continue,
                         Some(Cmd::Cancel) | None => Some(Step::Cancelled),
                     };
                     give_up_at = tokio::time::Instant::now() + CANCEL_GRACE;
