@@ -476,3 +476,57 @@ fn a_release_on_a_shared_session_waits_out_a_fencing_transaction_holding_the_loc
     assert_eq!(next.generation(), Some(2));
     assert_eq!(next.previous_released_cleanly(), Some(true));
 }
+
+/// Advisory locks held for the lease `name`, by any backend.
+fn key_locks(name: &str) -> u32 {
+    let key = sidelease::pg::target::key_of(name);
+    psql(&format!(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 \
+         AND classid = (({key}::bigint >> 32) & 4294967295)::oid \
+         AND objid = ({key}::bigint & 4294967295)::oid"
+    ))
+    .parse()
+    .unwrap()
+}
+
+#[test]
+fn through_pgbouncer_a_shared_session_works_in_session_mode_and_is_refused_otherwise() {
+    let _one = alone();
+    let n = unique("pool");
+    let url = format!(
+        "{}?session=shared&lease={n}",
+        env("SIDELEASE_TEST_PGBOUNCER")
+    );
+    let l = Lease::acquire(&url, &Options::new()).unwrap();
+    assert_eq!(l.generation(), Some(1));
+    assert_eq!(key_locks(&n), 1);
+    std::thread::sleep(Duration::from_millis(1500));
+    l.ensure_held_now().unwrap();
+    l.release().unwrap();
+    assert_eq!(key_locks(&n), 0);
+    for var in [
+        "SIDELEASE_TEST_PGBOUNCER_TX1",
+        "SIDELEASE_TEST_PGBOUNCER_TX5",
+        "SIDELEASE_TEST_PGBOUNCER_STMT",
+    ] {
+        for _ in 0..3 {
+            let n = unique("pool");
+            let e = Lease::acquire(
+                format!("{}?session=shared&lease={n}", env(var)),
+                &Options::new(),
+            )
+            .expect_err(&format!("{var}: acquired through a transaction pooler"));
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{var}: {e}");
+            let text = e.to_string();
+            assert!(
+                text.contains("pooler") && text.contains("session-mode"),
+                "{var}: {text}"
+            );
+            assert_eq!(
+                key_locks(&n),
+                0,
+                "{var}: a lock was left on a pooled backend"
+            );
+        }
+    }
+}
