@@ -11,7 +11,7 @@ use std::time::Duration;
 use sidelease::{inspect, ErrorKind, Lease, Options, State};
 
 mod common;
-use common::{env, psql};
+use common::{env, server_locks};
 
 fn name() -> String {
     common::unique("pool")
@@ -19,17 +19,6 @@ fn name() -> String {
 
 fn via(var: &str, name: &str) -> String {
     format!("{}?lease={name}", env(var))
-}
-
-/// Advisory locks the server's backends hold for this lease name, whoever
-/// holds them (asked as the superuser, directly).
-fn server_locks(name: &str) -> u32 {
-    let key = sidelease::pg::target::key_of(name);
-    let sql = format!(
-        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 \
-         AND classid = (({key}::bigint >> 32) & 4294967295)::oid AND objid = ({key}::bigint & 4294967295)::oid"
-    );
-    psql(&sql).parse().unwrap()
 }
 
 #[test]

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use sidelease::{ErrorKind, Lease, LeaseState, Options};
 
 mod common;
-use common::{env, psql, unique};
+use common::{env, psql, server_locks, unique};
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
@@ -477,18 +477,6 @@ fn a_release_on_a_shared_session_waits_out_a_fencing_transaction_holding_the_loc
     assert_eq!(next.previous_released_cleanly(), Some(true));
 }
 
-/// Advisory locks held for the lease `name`, by any backend.
-fn key_locks(name: &str) -> u32 {
-    let key = sidelease::pg::target::key_of(name);
-    psql(&format!(
-        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 \
-         AND classid = (({key}::bigint >> 32) & 4294967295)::oid \
-         AND objid = ({key}::bigint & 4294967295)::oid"
-    ))
-    .parse()
-    .unwrap()
-}
-
 #[test]
 fn through_pgbouncer_a_shared_session_works_in_session_mode_and_is_refused_otherwise() {
     let _one = alone();
@@ -499,11 +487,11 @@ fn through_pgbouncer_a_shared_session_works_in_session_mode_and_is_refused_other
     );
     let l = Lease::acquire(&url, &Options::new()).unwrap();
     assert_eq!(l.generation(), Some(1));
-    assert_eq!(key_locks(&n), 1);
+    assert_eq!(server_locks(&n), 1);
     std::thread::sleep(Duration::from_millis(1500));
     l.ensure_held_now().unwrap();
     l.release().unwrap();
-    assert_eq!(key_locks(&n), 0);
+    assert_eq!(server_locks(&n), 0);
     for var in [
         "SIDELEASE_TEST_PGBOUNCER_TX1",
         "SIDELEASE_TEST_PGBOUNCER_TX5",
@@ -523,7 +511,7 @@ fn through_pgbouncer_a_shared_session_works_in_session_mode_and_is_refused_other
                 "{var}: {text}"
             );
             assert_eq!(
-                key_locks(&n),
+                server_locks(&n),
                 0,
                 "{var}: a lock was left on a pooled backend"
             );

@@ -40,6 +40,21 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
+    /// This end's and the peer's port and address, as statement parameters
+    /// (`-1` and `""` over a Unix socket), for the check that nothing sits
+    /// between this connection and the server.
+    pub fn ends_params(&self) -> (i32, String, i32, String) {
+        match self.ends {
+            Some((l, r)) => (
+                i32::from(l.port()),
+                l.ip().to_string(),
+                i32::from(r.port()),
+                r.ip().to_string(),
+            ),
+            None => (-1, String::new(), -1, String::new()),
+        }
+    }
+
     pub async fn close(self) {
         drop(self.client);
         let mut task = self.task;

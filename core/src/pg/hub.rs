@@ -313,15 +313,7 @@ fn app_name() -> String {
 /// session: its own server session (no transaction pooler), a primary,
 /// no advisory lock it did not take. Its backend PID if it may be shared.
 async fn shareable(t: &Target, conn: &Conn) -> Option<i32> {
-    let (lport, laddr, rport, raddr) = match conn.ends {
-        Some((l, r)) => (
-            i32::from(l.port()),
-            l.ip().to_string(),
-            i32::from(r.port()),
-            r.ip().to_string(),
-        ),
-        None => (-1, String::new(), -1, String::new()),
-    };
+    let (lport, laddr, rport, raddr) = conn.ends_params();
     let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 6] = [
         (&ROW_LOCK_MS, Type::TEXT),
         (&conn.session, Type::TEXT),

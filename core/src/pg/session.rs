@@ -407,15 +407,7 @@ impl Run {
         // its own only when nothing sits between them (an ephemeral port
         // may repeat towards another destination, the whole pair does not);
         // otherwise, and over a Unix socket, the lock waits for the probe.
-        let (lport, laddr, rport, raddr) = match conn.ends {
-            Some((l, r)) => (
-                i32::from(l.port()),
-                l.ip().to_string(),
-                i32::from(r.port()),
-                r.ip().to_string(),
-            ),
-            None => (-1, String::new(), -1, String::new()),
-        };
+        let (lport, laddr, rport, raddr) = conn.ends_params();
         let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 7] = [
             (&t.key, Type::INT8),
             (&conn.session, Type::TEXT),

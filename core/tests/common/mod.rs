@@ -62,3 +62,16 @@ pub fn psql(sql: &str) -> String {
     );
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
+
+/// Advisory locks the server's backends hold for the lease `name`, whoever
+/// holds them (asked as the superuser, directly).
+pub fn server_locks(name: &str) -> u32 {
+    let key = sidelease::pg::target::key_of(name);
+    psql(&format!(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 \
+         AND classid = (({key}::bigint >> 32) & 4294967295)::oid \
+         AND objid = ({key}::bigint & 4294967295)::oid"
+    ))
+    .parse()
+    .unwrap()
+}
