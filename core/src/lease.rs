@@ -56,11 +56,9 @@ pub(crate) struct State {
     pub callbacks: Vec<Callback>,
     /// The lease file could not be put back since then.
     pub failing_since: Option<std::time::Instant>,
-    /// The file now at the path was found locked by another process since
-    /// then.
-    pub contended_since: Option<std::time::Instant>,
-    /// Who held the file at the path then (the kernel's PIDs).
-    pub contended_by: Vec<u32>,
+    /// The file now at the path found locked by other processes, while it
+    /// is being put back.
+    pub contended: Option<crate::file::anchor::Contention>,
 }
 
 /// One lease held by this process. Shared by every handle of the lease;
@@ -197,8 +195,7 @@ impl Shared {
                 inherited: None,
                 callbacks: Vec::new(),
                 failing_since: None,
-                contended_since: None,
-                contended_by: Vec::new(),
+                contended: None,
             }),
             lost_fd: OnceLock::new(),
             hold,

@@ -16,7 +16,7 @@ use rustix::io::Errno;
 
 use crate::error::Lost;
 use crate::file::access::{self, Access};
-use crate::file::holders;
+use crate::file::holders::{self, Lockers};
 use crate::file::watch;
 use crate::file::write_padded;
 use crate::lease::{Anchor, Phase, Shared, State};
@@ -31,16 +31,75 @@ const RETRY: Duration = Duration::from_millis(250);
 /// does, right after its lock and its guard): a contender locks it only
 /// while its guard runs, before it is refused or gives the holder its
 /// grace (see `acquire::REANCHOR_GRACE`). Retry this often; the lease is
-/// lost once the same process(es) kept it locked this long without a
-/// record of their own.
+/// lost once the same process(es) kept it locked this long, seen so in
+/// this many looks in a row, without a record of their own. The looks
+/// count because a time alone is no evidence on a crowded machine: a
+/// holder whose thread did not run for 100 ms between two looks that
+/// found the same contender (or none) saw nothing continuous.
 const CONTENDED_RETRY: Duration = Duration::from_millis(1);
 const CONTENDED_FOR: Duration = Duration::from_millis(100);
+const CONTENDED_LOOKS: u32 = 20;
 /// How long `ensure_held` waits for a re-anchor racing its own.
 const NOW_BOUND: Duration = Duration::from_millis(20);
 /// Most descriptors one lease keeps (each a former lease file still locked
 /// so processes that opened it earlier stay excluded); beyond, the oldest
 /// former ones are let go (their contenders re-check identity anyway).
 const MAX_ANCHORS: usize = 16;
+
+/// Other processes found holding the file now at the path, look after look.
+pub(crate) struct Contention {
+    since: Instant,
+    /// The kernel's PIDs holding it exclusively (this namespace, sorted;
+    /// empty: none seen). `None`: it was share-locked.
+    by: Option<Vec<u32>>,
+    looks: u32,
+}
+
+enum Verdict {
+    /// Look again soon.
+    Again,
+    /// Shared locks only, for a while now: not a rival's hold (a shared
+    /// lock excludes every exclusive one), but nothing to spin on either.
+    Shared,
+    /// The same process(es) kept it locked long enough, and in enough
+    /// looks, to be holding it.
+    Held,
+}
+
+impl Contention {
+    /// One more look that found the file locked.
+    fn look(slot: &mut Option<Contention>, lockers: Lockers, now: Instant) -> Verdict {
+        let by = match lockers {
+            Lockers::Shared => None,
+            Lockers::Exclusive(by) => Some(by),
+            Lockers::Unseen => Some(Vec::new()),
+        };
+        let c = match slot {
+            Some(c) if c.by == by => {
+                c.looks += 1;
+                c
+            }
+            _ => slot.insert(Contention {
+                since: now,
+                by,
+                looks: 1,
+            }),
+        };
+        if now.duration_since(c.since) < CONTENDED_FOR || c.looks < CONTENDED_LOOKS {
+            Verdict::Again
+        } else if c.by.is_none() {
+            Verdict::Shared
+        } else {
+            Verdict::Held
+        }
+    }
+
+    fn first(slot: &Option<Contention>) -> Option<u32> {
+        slot.as_ref()
+            .and_then(|c| c.by.as_ref())
+            .and_then(|by| by.first().copied())
+    }
+}
 
 enum Outcome {
     Whole,
@@ -124,8 +183,7 @@ fn check_inner(shared: &Arc<Shared>, sweep: bool) -> Outcome {
     }
     let mut st = shared.state();
     st.failing_since = None;
-    st.contended_since = None;
-    st.contended_by.clear();
+    st.contended = None;
     Outcome::Whole
 }
 
@@ -218,26 +276,29 @@ fn reanchor(shared: &Arc<Shared>, path: &Path, replaced: bool) -> Outcome {
             Err(Errno::WOULDBLOCK) | Err(Errno::INTR) => {
                 let now = Instant::now();
                 if committed(shared, bfd, key) {
-                    let lost = rival(shared, bfd, replaced, st.contended_by.first().copied());
+                    let lost = rival(shared, bfd, replaced, Contention::first(&st.contended));
                     registry::close_listed(fd, slot);
                     return Outcome::Lost(lost);
                 }
                 // Who holds it now: the window starts again whenever that
                 // changes (one refused contender after another is nobody
                 // holding the file).
-                let lockers = holders::holders_of(bfd, None);
-                if st.contended_since.is_none() || st.contended_by != lockers {
-                    st.contended_since = Some(now);
-                    st.contended_by = lockers;
-                }
-                let since = st.contended_since.unwrap_or(now);
-                if now.duration_since(since) < CONTENDED_FOR {
-                    registry::close_listed(fd, slot);
-                    return Outcome::Retry(now + CONTENDED_RETRY);
-                }
-                let lost = rival(shared, bfd, replaced, st.contended_by.first().copied());
+                let outcome = match Contention::look(&mut st.contended, holders::lockers(bfd), now)
+                {
+                    Verdict::Again => Outcome::Retry(now + CONTENDED_RETRY),
+                    Verdict::Shared => {
+                        drop(st);
+                        failing(shared, "the file at its path stays share-locked")
+                    }
+                    Verdict::Held => Outcome::Lost(rival(
+                        shared,
+                        bfd,
+                        replaced,
+                        Contention::first(&st.contended),
+                    )),
+                };
                 registry::close_listed(fd, slot);
-                return Outcome::Lost(lost);
+                return outcome;
             }
             Err(_) => {
                 registry::close_listed(fd, slot);
@@ -293,8 +354,7 @@ fn reanchor(shared: &Arc<Shared>, path: &Path, replaced: bool) -> Outcome {
     };
     push_anchor(&mut st, anchor);
     st.failing_since = None;
-    st.contended_since = None;
-    st.contended_by.clear();
+    st.contended = None;
     drop(st);
     let reg = registry::get();
     let mut g = reg.lock();

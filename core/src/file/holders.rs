@@ -76,6 +76,47 @@ pub(crate) fn holders_of(fd: BorrowedFd<'_>, record_pid: Option<u32>) -> Vec<u32
     }
 }
 
+/// Who has the file open as `fd` locked now, by the kernel's table of
+/// locks.
+pub(crate) enum Lockers {
+    /// These PIDs hold it exclusively.
+    Exclusive(Vec<u32>),
+    /// Only shared locks are listed (a contender's look: `unlocked_now`),
+    /// so at that instant nothing held it exclusively.
+    Shared,
+    /// Nothing listed: let go in between, or held by a process this
+    /// namespace cannot see, or no table of locks here.
+    Unseen,
+}
+
+pub(crate) fn lockers(fd: BorrowedFd<'_>) -> Lockers {
+    let Ok(st) = rustix::fs::fstat(fd) else {
+        return Lockers::Unseen;
+    };
+    let Ok((major, minor)) = process::kernel_device(fd) else {
+        return Lockers::Unseen;
+    };
+    let Ok(table) = locks::flock_locks_on(major, minor) else {
+        return Lockers::Unseen;
+    };
+    let on: Vec<FlockLock> = table.into_iter().filter(|l| l.ino == st.st_ino).collect();
+    if on.is_empty() {
+        return Lockers::Unseen;
+    }
+    let exclusive: Vec<FlockLock> = on.into_iter().filter(|l| l.exclusive).collect();
+    if exclusive.is_empty() {
+        return Lockers::Shared;
+    }
+    Lockers::Exclusive(kernel_holders(
+        KernelKey {
+            major,
+            minor,
+            ino: st.st_ino,
+        },
+        &exclusive,
+    ))
+}
+
 /// Whether the record `r` is the record of a process in `holders` (the
 /// kernel's, this namespace). When it is not, what it is instead, said for
 /// an in-use message that leads with the kernel's holder: a record

@@ -398,6 +398,79 @@ fn a_plain_flock_on_the_new_file_makes_the_lease_lost_once_it_stays() {
     drop(rival);
 }
 
+/// A file locked *shared* by this test process, renamed over `lease_path`:
+/// what a contender's look (`unlocked_now`) is while it lasts, or `flock -s`.
+fn share_locked_over(tmp: &str, lease_path: &str) -> std::fs::File {
+    let f = std::fs::File::create(tmp).unwrap();
+    rustix::fs::flock(&f, rustix::fs::FlockOperation::LockShared).unwrap();
+    std::fs::rename(tmp, lease_path).unwrap();
+    f
+}
+
+#[test]
+fn a_shared_lock_on_the_new_file_is_waited_out_not_lost() {
+    // A contender looks at the file at the path with a shared lock; stalled
+    // there (a crowded machine deschedules it) it keeps that lock far longer
+    // than the 100 ms a plain exclusive flock is given. A shared lock
+    // excludes every exclusive one, so nobody holds the file: the holder
+    // waits it out and puts its record back, and is never told it lost.
+    let d = Dir::new();
+    let db = d.path("job.db");
+    let mut a = Agent::spawn();
+    let h = a.acquire_ok(&db);
+    let lp = h["lease_path"].as_str().unwrap().to_owned();
+    let looker = share_locked_over(&d.path("looker"), &lp);
+    let got = a.call(json!({"cmd": "wait_lost", "handle": h["handle"], "timeout": 0.6}));
+    assert_eq!(got["lost"], false, "a shared lock is nobody's hold: {got}");
+    drop(looker);
+    let t0 = std::time::Instant::now();
+    loop {
+        let rec: serde_json::Value = std::fs::read_to_string(&lp)
+            .ok()
+            .and_then(|t| serde_json::from_str(t.trim_end_matches(['\n', ' '])).ok())
+            .unwrap_or(serde_json::Value::Null);
+        if rec["pid"] == json!(a.pid) && rec["released_at"].is_null() {
+            break;
+        }
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(2),
+            "the holder put its record back once the look ended: {rec}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let st = a.call(json!({"cmd": "state", "handle": h["handle"]}));
+    assert_eq!(st["state"], "held", "{st}");
+    let mut b = Agent::spawn();
+    let e = b.acquire_err(acquire(&db), "in_use");
+    assert_eq!(e["holders"], json!([a.pid]), "{e}");
+}
+
+#[test]
+fn a_shared_lock_that_stays_on_the_new_file_is_lost_after_the_slow_recheck() {
+    // Nothing to spin on for ever: a shared lock that does not end is a
+    // lease file that cannot be put back, lost after the slow re-check.
+    let d = Dir::new();
+    let db = d.path("job.db");
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sidelease-agent"));
+    cmd.env("SIDELEASE_WATCH_RECHECK_MS", "400");
+    let mut a = Agent::spawn_cmd(cmd);
+    let h = a.acquire_ok(&db);
+    let lp = h["lease_path"].as_str().unwrap().to_owned();
+    let _reader = share_locked_over(&d.path("reader"), &lp);
+    let got = a.call(json!({"cmd": "wait_lost", "handle": h["handle"], "timeout": 5}));
+    assert_eq!(got["lost"], true, "{got}");
+    let ms = got["elapsed_ms"].as_f64().unwrap();
+    assert!(
+        (400.0..3000.0).contains(&ms),
+        "lost after the re-check: {got}"
+    );
+    let reason = got["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("could not be put back") && reason.contains("share-locked"),
+        "{reason}"
+    );
+}
+
 #[test]
 fn a_lease_file_that_cannot_be_put_back_is_lost_after_the_slow_recheck() {
     let d = Dir::new();
