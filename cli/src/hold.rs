@@ -2,8 +2,6 @@
 //! forward SIGINT/SIGTERM/SIGHUP/SIGQUIT to it, release when it exits and
 //! exit with its status.
 
-use std::os::fd::AsRawFd;
-use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
@@ -11,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use clap::{Args, ValueEnum};
 use sidelease::{Error, Lease, Options, Wait};
 
+use crate::child::{self, Forward};
 use crate::{EXIT_CONFLICT, EXIT_ERROR};
 
 #[derive(Args)]
@@ -61,6 +60,16 @@ pub enum OnLost {
     Ignore,
 }
 
+impl OnLost {
+    pub fn apply(self, child: &Mutex<Forward>) {
+        match self {
+            OnLost::Term => child::slot(child).send(libc::SIGTERM),
+            OnLost::Kill => child::slot(child).send(libc::SIGKILL),
+            OnLost::Ignore => {}
+        }
+    }
+}
+
 fn options(a: &HoldArgs) -> Result<Options, Error> {
     let mut o = Options::new()
         .suffix(&a.suffix)
@@ -102,115 +111,29 @@ pub fn run(a: HoldArgs) -> ExitCode {
 
 fn run_child(a: &HoldArgs, lease: &Lease) -> ExitCode {
     let child = Arc::new(Mutex::new(Forward::default()));
-    let forward = forward_signals(child.clone());
+    let to_child = child.clone();
+    let forward = child::on_signals(move |sig| child::slot(&to_child).send(sig));
     let on_lost = a.on_lost;
     let lost_child = child.clone();
     let registered = lease.on_lost(move |lost| {
         eprintln!("sidelease: {lost}");
-        match on_lost {
-            OnLost::Term => child_slot(&lost_child).send(libc::SIGTERM),
-            OnLost::Kill => child_slot(&lost_child).send(libc::SIGKILL),
-            OnLost::Ignore => {}
-        }
+        on_lost.apply(&lost_child);
     });
     if let Err(e) = registered {
         eprintln!("sidelease: {e}");
         return ExitCode::from(EXIT_ERROR);
     }
-    let mut cmd = std::process::Command::new(&a.command[0]);
-    cmd.args(&a.command[1..]);
-    cmd.env("SIDELEASE_LEASE_PATH", lease.lease_path());
-    // A PostgreSQL lease lives in this process's session: nothing to hand on.
-    let inherited = if a.no_inherit || lease.is_postgres() {
-        None
-    } else {
-        match lease.inheritable_fd() {
-            Ok(fd) => {
-                cmd.env("SIDELEASE_LEASE_FD", fd.as_raw_fd().to_string());
-                Some(fd)
-            }
-            Err(e) => {
-                eprintln!("sidelease: {e}");
-                return ExitCode::from(EXIT_ERROR);
-            }
-        }
+    let spawn = child::Spawn {
+        command: &a.command,
+        no_inherit: a.no_inherit,
+        end_with_us: false,
     };
-    let spawned = cmd.spawn();
-    drop(inherited); // the child has its copy now
-    let mut spawned_child = match spawned {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("sidelease: cannot run {:?}: {e}", a.command[0]);
-            return ExitCode::from(if e.kind() == std::io::ErrorKind::NotFound {
-                127
-            } else {
-                126
-            });
-        }
-    };
-    child_slot(&child).started(spawned_child.id() as i32);
-    let status = loop {
-        match spawned_child.wait() {
-            Ok(s) => break s,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => {
-                eprintln!("sidelease: waiting for the command: {e}");
-                return ExitCode::from(EXIT_ERROR);
-            }
-        }
-    };
-    child_slot(&child).pid = 0;
+    let status = child::spawn(&spawn, lease, &child).and_then(|mut c| child::wait(&mut c, &child));
     if let Some(h) = forward {
         h.close();
     }
-    match (status.code(), status.signal()) {
-        (Some(c), _) => ExitCode::from(c as u8),
-        (None, Some(sig)) => ExitCode::from(128u8.wrapping_add(sig as u8)),
-        _ => ExitCode::from(EXIT_ERROR),
+    match status {
+        Ok(s) => child::exit_code(s),
+        Err(code) => code,
     }
-}
-
-/// Where forwarded signals go: the command's PID once it runs, and a signal
-/// that came before that, delivered as soon as it does.
-#[derive(Default)]
-struct Forward {
-    pid: i32,
-    pending: Option<i32>,
-}
-
-impl Forward {
-    fn send(&mut self, sig: i32) {
-        if self.pid > 0 {
-            // SAFETY: kill has no memory effects; the PID is our child.
-            unsafe { libc::kill(self.pid, sig) };
-        } else {
-            self.pending = Some(sig);
-        }
-    }
-
-    fn started(&mut self, pid: i32) {
-        self.pid = pid;
-        if let Some(sig) = self.pending.take() {
-            self.send(sig);
-        }
-    }
-}
-
-fn child_slot(f: &Mutex<Forward>) -> std::sync::MutexGuard<'_, Forward> {
-    f.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Catch the signals a terminal or a supervisor sends and pass them on to
-/// the command, so `hold` outlives it and releases after it.
-fn forward_signals(child: Arc<Mutex<Forward>>) -> Option<signal_hook::iterator::Handle> {
-    use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM};
-    let mut signals =
-        signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP, SIGQUIT]).ok()?;
-    let handle = signals.handle();
-    std::thread::spawn(move || {
-        for sig in signals.forever() {
-            child_slot(&child).send(sig);
-        }
-    });
-    Some(handle)
 }

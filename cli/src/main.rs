@@ -1,7 +1,9 @@
 //! `sidelease`: inspect a lease, or run a command while holding it (like
 //! `flock(1)`).
 
+mod child;
 mod hold;
+mod lead;
 mod status;
 
 use std::path::PathBuf;
@@ -55,6 +57,16 @@ enum Command {
     /// --conflict-exit-code) if the lease is held elsewhere; 71 on any other
     /// sidelease error; 126/127 if the command cannot be run.
     Hold(hold::HoldArgs),
+    /// Elect one leader among every `lead` of TARGET: campaign for the
+    /// lease (woken by its release), run the command while leader, end it
+    /// (SIGTERM, or --on-lost kill) when the lease is lost, step down when
+    /// it exits, and campaign again, until a signal stops it. The command
+    /// holds the lease too and, on Linux, dies with `lead`.
+    ///
+    /// Exit status: 0 when stopped while not leading; the command's own
+    /// (128+N for a signal N) when stopped while leading; 126/127 if the
+    /// command cannot be run; 2 for bad arguments.
+    Lead(lead::LeadArgs),
 }
 
 fn main() -> ExitCode {
@@ -66,6 +78,7 @@ fn main() -> ExitCode {
             json,
         } => status::run(&target, &suffix, json),
         Command::Hold(args) => hold::run(args),
+        Command::Lead(args) => lead::run(args),
     }
 }
 

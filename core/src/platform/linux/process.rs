@@ -329,6 +329,23 @@ pub fn stat_fd(pid: u32, fd: u32) -> io::Result<rustix::fs::Stat> {
     Ok(rustix::fs::stat(format!("/proc/{pid}/fd/{fd}"))?)
 }
 
+/// Have the kernel SIGKILL this process when the thread that started it
+/// ends (`PR_SET_PDEATHSIG`): a command run by a leader dies with it, so a
+/// leader killed outright is succeeded at once. For a child between fork
+/// and exec (async-signal-safe). `parent`: the PID that started it; if that
+/// one is gone already, the request came too late and this fails.
+pub fn end_with_parent(parent: u32) -> io::Result<bool> {
+    // SAFETY: prctl and getppid touch no memory of ours.
+    if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: as above.
+    if unsafe { libc::getppid() } as u32 != parent {
+        return Err(io::Error::other("the process that started it has ended"));
+    }
+    Ok(true)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

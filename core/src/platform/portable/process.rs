@@ -110,3 +110,9 @@ pub fn umask() -> Option<u32> {
 pub fn stat_fd(_pid: u32, _fd: u32) -> io::Result<rustix::fs::Stat> {
     Err(unsupported("another process's descriptors"))
 }
+
+/// Nothing ends a command with its parent here: `Ok(false)`, and the
+/// command keeps what it inherited until it exits.
+pub fn end_with_parent(_parent: u32) -> io::Result<bool> {
+    Ok(false)
+}

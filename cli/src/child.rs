@@ -1,0 +1,162 @@
+//! The command `hold` and `lead` run while holding a lease: started with
+//! the lease's path (and, for a lease file, a descriptor of it) in its
+//! environment, sent the signals its supervisor gets, and its exit status
+//! passed on.
+
+use std::os::fd::AsRawFd;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Child, ExitCode, ExitStatus};
+use std::sync::{Arc, Mutex};
+
+use sidelease::Lease;
+
+use crate::EXIT_ERROR;
+
+/// Where forwarded signals go: the command's PID once it runs, and a signal
+/// that came before that, delivered as soon as it does.
+#[derive(Default)]
+pub struct Forward {
+    pid: i32,
+    pending: Option<i32>,
+}
+
+impl Forward {
+    pub fn send(&mut self, sig: i32) {
+        if self.pid > 0 {
+            // SAFETY: kill has no memory effects; the PID is our child.
+            unsafe { libc::kill(self.pid, sig) };
+        } else {
+            self.pending = Some(sig);
+        }
+    }
+
+    pub fn started(&mut self, pid: i32) {
+        self.pid = pid;
+        if let Some(sig) = self.pending.take() {
+            self.send(sig);
+        }
+    }
+
+    pub fn ended(&mut self) {
+        self.pid = 0;
+        self.pending = None;
+    }
+}
+
+pub fn slot(f: &Mutex<Forward>) -> std::sync::MutexGuard<'_, Forward> {
+    f.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Catch the signals a terminal or a supervisor sends and hand each to
+/// `on_signal` (on a thread of its own), so the caller outlives the
+/// command and releases after it.
+pub fn on_signals(
+    on_signal: impl Fn(i32) + Send + 'static,
+) -> Option<signal_hook::iterator::Handle> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM};
+    let mut signals =
+        signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP, SIGQUIT]).ok()?;
+    let handle = signals.handle();
+    std::thread::spawn(move || {
+        for sig in signals.forever() {
+            on_signal(sig);
+        }
+    });
+    Some(handle)
+}
+
+/// How the command is started.
+pub struct Spawn<'a> {
+    pub command: &'a [String],
+    /// Keep the lease descriptor out of it.
+    pub no_inherit: bool,
+    /// Have the kernel end it when this process dies (where it can).
+    pub end_with_us: bool,
+}
+
+/// Start the command with the lease's path (and descriptor) in its
+/// environment. On failure, the exit status to end with: 127 when the
+/// command is not found, 126 when it cannot be run, 71 otherwise.
+pub fn spawn(
+    s: &Spawn<'_>,
+    lease: &Lease,
+    forward: &Arc<Mutex<Forward>>,
+) -> Result<Child, ExitCode> {
+    let mut cmd = std::process::Command::new(&s.command[0]);
+    cmd.args(&s.command[1..]);
+    cmd.env("SIDELEASE_LEASE_PATH", lease.lease_path());
+    // A PostgreSQL lease lives in this process's session: nothing to hand on.
+    let inherited = if s.no_inherit || lease.is_postgres() {
+        None
+    } else {
+        match lease.inheritable_fd() {
+            Ok(fd) => {
+                cmd.env("SIDELEASE_LEASE_FD", fd.as_raw_fd().to_string());
+                Some(fd)
+            }
+            Err(e) => {
+                eprintln!("sidelease: {e}");
+                return Err(ExitCode::from(EXIT_ERROR));
+            }
+        }
+    };
+    if s.end_with_us {
+        let parent = std::process::id();
+        // SAFETY: the hook only makes async-signal-safe calls.
+        unsafe {
+            cmd.pre_exec(move || sidelease::platform::process::end_with_parent(parent).map(|_| ()));
+        }
+    }
+    let spawned = cmd.spawn();
+    drop(inherited); // the child has its copy now
+    match spawned {
+        Ok(c) => {
+            slot(forward).started(c.id() as i32);
+            Ok(c)
+        }
+        Err(e) => {
+            eprintln!("sidelease: cannot run {:?}: {e}", s.command[0]);
+            Err(ExitCode::from(
+                if e.kind() == std::io::ErrorKind::NotFound {
+                    127
+                } else {
+                    126
+                },
+            ))
+        }
+    }
+}
+
+/// Wait for the command; its PID is forgotten once it ended.
+pub fn wait(child: &mut Child, forward: &Mutex<Forward>) -> Result<ExitStatus, ExitCode> {
+    let status = loop {
+        match child.wait() {
+            Ok(s) => break s,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                eprintln!("sidelease: waiting for the command: {e}");
+                return Err(ExitCode::from(EXIT_ERROR));
+            }
+        }
+    };
+    slot(forward).ended();
+    Ok(status)
+}
+
+/// The command's status as ours: its code, or 128+N for a signal N.
+pub fn exit_code(status: ExitStatus) -> ExitCode {
+    match (status.code(), status.signal()) {
+        (Some(c), _) => ExitCode::from(c as u8),
+        (None, Some(sig)) => ExitCode::from(128u8.wrapping_add(sig as u8)),
+        _ => ExitCode::from(EXIT_ERROR),
+    }
+}
+
+/// "exited with status 3", "was ended by signal 9".
+pub fn describe(status: ExitStatus) -> String {
+    match (status.code(), status.signal()) {
+        (Some(c), _) => format!("exited with status {c}"),
+        (None, Some(sig)) => format!("was ended by signal {sig}"),
+        _ => "ended".into(),
+    }
+}

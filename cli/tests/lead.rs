@@ -1,0 +1,361 @@
+//! `sidelease lead`, run as real processes: one leader among campaigners,
+//! succeeded at once when killed, never two at a time.
+
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_sidelease");
+
+/// A command for `lead` that proves it leads alone: it locks `crit` on
+/// descriptor 0 (the lowest, so it is let go before the lease's when the
+/// command is killed) without waiting, notes an overlap if it cannot, then
+/// appends the PID of its `lead` and its own to `leaders`.
+const LEADER: &str = r#"exec 0<>"$1"; flock -n 0 || echo "overlap $PPID" >> "$2"; echo $PPID $$ >> "$3"; exec sleep 600"#;
+
+/// The `lead` and the command of a line of `leaders`.
+fn pids(line: &str) -> (u32, u32) {
+    let mut it = line.split(' ').map(|p| p.parse().unwrap());
+    (it.next().unwrap(), it.next().unwrap())
+}
+
+/// A `lead` process, killed if a failed assertion leaves it running.
+struct Lead(Child);
+
+impl Drop for Lead {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+impl Lead {
+    fn id(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+fn lead(dir: &Path, cmd: &[&str]) -> Lead {
+    let db = dir.join("app.db");
+    Lead(
+        Command::new(BIN)
+            .arg("lead")
+            .arg(&db)
+            .arg("--")
+            .args(cmd)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+fn leader(dir: &Path) -> Lead {
+    let p = |n: &str| dir.join(n).to_str().unwrap().to_owned();
+    lead(
+        dir,
+        &[
+            "sh",
+            "-c",
+            LEADER,
+            "sh",
+            &p("crit"),
+            &p("overlaps"),
+            &p("leaders"),
+        ],
+    )
+}
+
+fn lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Wait until `path` has more than `n` lines; the new ones.
+fn more_lines(path: &Path, n: usize, bound: Duration) -> Vec<String> {
+    let t0 = Instant::now();
+    loop {
+        let l = lines(path);
+        if l.len() > n {
+            return l[n..].to_vec();
+        }
+        assert!(
+            t0.elapsed() < bound,
+            "no new line in {} after {bound:?}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn signal(c: &Lead, sig: i32) {
+    // SAFETY: kill(2) on a PID this test started; no memory is shared.
+    unsafe { libc::kill(c.id() as i32, sig) };
+}
+
+/// Wait until `c` has its signal handlers in place (a process signalled
+/// before that simply dies, as any would).
+fn catches_sigterm(c: &Lead) {
+    let t0 = Instant::now();
+    loop {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", c.id())).unwrap();
+        let caught = status
+            .lines()
+            .find_map(|l| l.strip_prefix("SigCgt:"))
+            .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+            .unwrap_or(0);
+        if caught & (1 << (libc::SIGTERM - 1)) != 0 {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "{} never caught SIGTERM",
+            c.id()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn wait_bounded(child: &mut Lead, bound: Duration) -> std::process::ExitStatus {
+    let child = &mut child.0;
+    let deadline = Instant::now() + bound;
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            panic!(
+                "process {} did not exit in {bound:?}; killed it",
+                child.id()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// What an ended `lead` wrote to stderr.
+fn stderr_of(c: &mut Lead) -> String {
+    let mut err = String::new();
+    std::io::Read::read_to_string(c.0.stderr.as_mut().unwrap(), &mut err).unwrap();
+    err
+}
+
+#[test]
+#[cfg_attr(
+    feature = "portable",
+    ignore = "portable platform: a command is not ended with its lead (no PR_SET_PDEATHSIG); it keeps leading until it exits (docs/platforms.md)"
+)]
+fn a_killed_leader_is_succeeded_at_once_and_two_never_lead() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    let leaders = dir.join("leaders");
+    let mut crowd: Vec<Lead> = (0..4).map(|_| leader(dir)).collect();
+    let mut seen = more_lines(&leaders, 0, Duration::from_secs(10)).len();
+    let mut failover = Vec::new();
+    for round in 0..100 {
+        let now = pids(&lines(&leaders)[seen - 1]).0;
+        let i = crowd
+            .iter()
+            .position(|c| c.id() == now)
+            .expect("the leader is a campaigner");
+        let mut killed = crowd.swap_remove(i);
+        let t0 = Instant::now();
+        signal(&killed, libc::SIGKILL);
+        let new = more_lines(&leaders, seen, Duration::from_secs(5));
+        failover.push(t0.elapsed());
+        assert_eq!(new.len(), 1, "round {round}: one leader at a time: {new:?}");
+        let next = pids(&new[0]).0;
+        assert_ne!(next, now, "round {round}: a killed leader does not lead");
+        assert!(
+            crowd.iter().any(|c| c.id() == next),
+            "round {round}: {next} campaigns"
+        );
+        seen += 1;
+        let _ = killed.0.wait();
+        crowd.push(leader(dir));
+    }
+    assert_eq!(
+        lines(&dir.join("overlaps")),
+        Vec::<String>::new(),
+        "two commands led at once"
+    );
+    failover.sort();
+    eprintln!(
+        "lead: failover after SIGKILL, 100 times: median {:?}, p99 {:?}",
+        failover[50], failover[98]
+    );
+    // Stopped: the leader passes the signal to its command and ends with
+    // its status; the campaigners end at once with 0.
+    // The campaigners first: a leader stopped first steps down, and one of
+    // them would be elected.
+    let now = pids(&lines(&leaders)[seen - 1]).0;
+    crowd.sort_by_key(|c| c.id() == now);
+    for mut c in crowd {
+        catches_sigterm(&c);
+        signal(&c, libc::SIGTERM);
+        let st = wait_bounded(&mut c, Duration::from_secs(10));
+        let leading = c.id() == now;
+        let err = stderr_of(&mut c);
+        if leading {
+            assert_eq!(st.code(), Some(128 + libc::SIGTERM), "{err}");
+            assert!(err.contains("stopped: stepped down"), "{err}");
+        } else {
+            assert_eq!(st.code(), Some(0), "{err}");
+            assert!(err.contains("stopped: not leading"), "{err}");
+        }
+    }
+    let out = Command::new(BIN)
+        .args(["status"])
+        .arg(dir.join("app.db"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "free once every lead stopped: {out:?}"
+    );
+}
+
+#[test]
+fn a_killed_leaders_command_leads_until_it_ends_never_beside_another() {
+    // Where the command is not ended with its lead (the portable platform;
+    // on Linux, a command that left lead's process tree would be the same):
+    // it holds the lease's descriptor, so nobody else leads while it runs.
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    let leaders = dir.join("leaders");
+    let mut crowd: Vec<Lead> = (0..2).map(|_| leader(dir)).collect();
+    let first = more_lines(&leaders, 0, Duration::from_secs(10));
+    let (lead_pid, cmd_pid) = pids(&first[0]);
+    let i = crowd.iter().position(|c| c.id() == lead_pid).unwrap();
+    let mut killed = crowd.swap_remove(i);
+    let t0 = Instant::now();
+    signal(&killed, libc::SIGKILL);
+    let _ = killed.0.wait();
+    if cfg!(feature = "portable") {
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(
+            lines(&leaders).len(),
+            1,
+            "no leader beside the running command"
+        );
+        // SAFETY: kill(2) on the command this test's lead started.
+        unsafe { libc::kill(cmd_pid as i32, libc::SIGKILL) };
+    }
+    let next = more_lines(&leaders, 1, Duration::from_secs(5));
+    assert_eq!(pids(&next[0]).0, crowd[0].id(), "after {:?}", t0.elapsed());
+    assert_eq!(
+        lines(&dir.join("overlaps")),
+        Vec::<String>::new(),
+        "two led at once"
+    );
+}
+
+#[test]
+fn a_command_that_ends_steps_down_and_campaigns_again_backing_off_after_failures() {
+    // Exit 0 campaigns again at once (50 runs a second here; on the
+    // portable platform a lease file released a moment ago is given its
+    // 250 ms grace first), exit 3 after 0.1 s, 0.2 s, 0.4 s, ...
+    for (exit, at_least, at_most) in [(0, 4, usize::MAX), (3, 2, 6)] {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path();
+        let runs = dir.join("runs");
+        let script = format!(r#"echo run >> "$1"; sleep 0.02; exit {exit}"#);
+        let c = lead(dir, &["sh", "-c", &script, "sh", runs.to_str().unwrap()]);
+        catches_sigterm(&c);
+        std::thread::sleep(Duration::from_millis(1200));
+        signal(&c, libc::SIGTERM);
+        let mut c = c;
+        wait_bounded(&mut c, Duration::from_secs(5));
+        let n = lines(&runs).len();
+        let err = stderr_of(&mut c);
+        assert!(
+            (at_least..=at_most).contains(&n),
+            "exit {exit}: {n} runs\n{err}"
+        );
+        if exit == 0 {
+            assert!(
+                err.contains("stepped down: the command exited; campaigning again")
+                    && !err.contains("campaigning again in"),
+                "{err}"
+            );
+        } else {
+            assert!(
+                err.contains(
+                    "stepped down: the command exited with status 3; campaigning again in 0.1s"
+                ) && err.contains("campaigning again in 0.4s"),
+                "doubling back-off: {err}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_lost_lease_ends_the_command_and_the_leader_campaigns_again() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    let runs = dir.join("runs");
+    let script =
+        r#"trap 'echo TERM >> "$1"; exit 9' TERM; echo run >> "$1"; while :; do sleep 0.02; done"#;
+    let mut c = lead(dir, &["sh", "-c", script, "sh", runs.to_str().unwrap()]);
+    more_lines(&runs, 0, Duration::from_secs(10));
+    // A plain flock(1)-style lock on a file renamed over the lease file.
+    let rival_path = dir.join("rival");
+    let rival = std::fs::File::create(&rival_path).unwrap();
+    assert_eq!(
+        // SAFETY: flock(2) on a descriptor this test owns.
+        unsafe { libc::flock(rival.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
+        0
+    );
+    std::fs::rename(&rival_path, dir.join("app.db.backend-lease")).unwrap();
+    assert_eq!(
+        more_lines(&runs, 1, Duration::from_secs(5)),
+        ["TERM"],
+        "ended on loss"
+    );
+    // Campaigning again: the rival holds the file at the path now.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        lines(&runs).len(),
+        2,
+        "no command runs while the rival holds it"
+    );
+    drop(rival);
+    assert_eq!(
+        more_lines(&runs, 2, Duration::from_secs(5)),
+        ["run"],
+        "elected again"
+    );
+    signal(&c, libc::SIGTERM);
+    assert_eq!(wait_bounded(&mut c, Duration::from_secs(5)).code(), Some(9));
+    let err = stderr_of(&mut c);
+    assert!(
+        err.contains("sidelease: lost: ") && err.contains("campaigning again"),
+        "{err}"
+    );
+    assert_eq!(err.matches("elected: leading").count(), 2, "{err}");
+}
+
+#[test]
+fn lead_refuses_to_ignore_a_loss() {
+    let d = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .args(["lead", "--on-lost", "ignore"])
+        .arg(d.path().join("app.db"))
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--on-lost ignore"),
+        "{out:?}"
+    );
+}
