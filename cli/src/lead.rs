@@ -134,7 +134,12 @@ pub fn run(a: LeadArgs) -> ExitCode {
 /// not leading, the command's status when it was), or when the command
 /// cannot be run at all.
 fn campaign(a: &LeadArgs, opts: &Options, stop: &Stop) -> ExitCode {
-    let target = a.target.display();
+    // A PostgreSQL target's password is never printed.
+    let target = if crate::is_postgres(&a.target) {
+        sidelease::pg::mask(&a.target.to_string_lossy())
+    } else {
+        a.target.display().to_string()
+    };
     let mut errors = 0u32;
     loop {
         if stop.stopped() {

@@ -6,6 +6,9 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+#[path = "../../core/tests/common/mod.rs"]
+mod common;
+
 const BIN: &str = env!("CARGO_BIN_EXE_sidelease");
 
 /// A command for `lead` that proves it leads alone: it locks `crit` on
@@ -55,18 +58,21 @@ fn lead(dir: &Path, cmd: &[&str]) -> Lead {
 }
 
 fn leader(dir: &Path) -> Lead {
+    leader_of(dir, &dir.join("app.db").to_string_lossy())
+}
+
+/// A campaigner for `target` running `LEADER` with its files in `dir`.
+fn leader_of(dir: &Path, target: &str) -> Lead {
     let p = |n: &str| dir.join(n).to_str().unwrap().to_owned();
-    lead(
-        dir,
-        &[
-            "sh",
-            "-c",
-            LEADER,
-            "sh",
-            &p("crit"),
-            &p("overlaps"),
-            &p("leaders"),
-        ],
+    Lead(
+        Command::new(BIN)
+            .args(["lead", target, "--", "sh", "-c", LEADER, "sh"])
+            .args([p("crit"), p("overlaps"), p("leaders")])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
     )
 }
 
@@ -257,6 +263,121 @@ fn a_killed_leaders_command_leads_until_it_ends_never_beside_another() {
         Vec::<String>::new(),
         "two led at once"
     );
+}
+
+#[test]
+#[cfg_attr(
+    feature = "portable",
+    ignore = "portable platform: a command is not ended with its lead (no PR_SET_PDEATHSIG) (docs/platforms.md)"
+)]
+fn a_killed_leader_on_postgresql_is_succeeded_and_two_never_lead() {
+    // The session ends with the killed lead (the kernel closes its socket)
+    // and the command with it; a campaigner waiting in pg_advisory_lock on
+    // a connection of its own is granted the lock.
+    let name = common::unique("lead");
+    let target = format!("{}?lease={name}", common::env("SIDELEASE_TEST_PG"));
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    let leaders = dir.join("leaders");
+    let mut crowd: Vec<Lead> = (0..3).map(|_| leader_of(dir, &target)).collect();
+    let mut seen = more_lines(&leaders, 0, Duration::from_secs(20)).len();
+    let mut failover = Vec::new();
+    for round in 0..20 {
+        let now = pids(&lines(&leaders)[seen - 1]).0;
+        let i = crowd
+            .iter()
+            .position(|c| c.id() == now)
+            .expect("the leader is a campaigner");
+        let mut killed = crowd.swap_remove(i);
+        let t0 = Instant::now();
+        signal(&killed, libc::SIGKILL);
+        let new = more_lines(&leaders, seen, Duration::from_secs(10));
+        failover.push(t0.elapsed());
+        assert_eq!(new.len(), 1, "round {round}: one leader at a time: {new:?}");
+        let next = pids(&new[0]).0;
+        assert!(
+            crowd.iter().any(|c| c.id() == next),
+            "round {round}: {next} campaigns"
+        );
+        seen += 1;
+        let _ = killed.0.wait();
+        crowd.push(leader_of(dir, &target));
+    }
+    assert_eq!(
+        lines(&dir.join("overlaps")),
+        Vec::<String>::new(),
+        "two commands led at once"
+    );
+    failover.sort();
+    eprintln!(
+        "lead (PostgreSQL): failover after SIGKILL, 20 times: median {:?}, max {:?}",
+        failover[10], failover[19]
+    );
+    let now = pids(&lines(&leaders)[seen - 1]).0;
+    crowd.sort_by_key(|c| c.id() == now);
+    for mut c in crowd {
+        catches_sigterm(&c);
+        signal(&c, libc::SIGTERM);
+        let st = wait_bounded(&mut c, Duration::from_secs(10));
+        let err = stderr_of(&mut c);
+        let want = if c.id() == now {
+            128 + libc::SIGTERM
+        } else {
+            0
+        };
+        assert_eq!(st.code(), Some(want), "{err}");
+        assert!(!err.contains("app-secret"), "no password on stderr: {err}");
+    }
+}
+
+#[test]
+fn a_terminated_postgresql_session_ends_the_command_and_the_leader_campaigns_again() {
+    let name = common::unique("lead");
+    let target = format!("{}?lease={name}", common::env("SIDELEASE_TEST_PG"));
+    let d = tempfile::tempdir().unwrap();
+    let runs = d.path().join("runs");
+    let script =
+        r#"trap 'echo TERM >> "$1"; exit 9' TERM; echo run >> "$1"; while :; do sleep 0.02; done"#;
+    let mut c = Lead(
+        Command::new(BIN)
+            .args(["lead", &target, "--", "sh", "-c", script, "sh"])
+            .arg(&runs)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    more_lines(&runs, 0, Duration::from_secs(20));
+    let killed = common::psql(&format!(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+         WHERE application_name LIKE 'sidelease {}@%' AND application_name LIKE '%{name}'",
+        c.id()
+    ));
+    assert_eq!(killed, "1", "the leader's session");
+    assert_eq!(
+        more_lines(&runs, 1, Duration::from_secs(5)),
+        ["TERM"],
+        "ended on loss"
+    );
+    assert_eq!(
+        more_lines(&runs, 2, Duration::from_secs(10)),
+        ["run"],
+        "elected again"
+    );
+    catches_sigterm(&c);
+    signal(&c, libc::SIGTERM);
+    assert_eq!(
+        wait_bounded(&mut c, Duration::from_secs(10)).code(),
+        Some(9)
+    );
+    let err = stderr_of(&mut c);
+    assert!(
+        err.contains("sidelease: lost: ") && err.contains("administrator command"),
+        "{err}"
+    );
+    assert_eq!(err.matches("elected: leading").count(), 2, "{err}");
+    assert!(!err.contains("app-secret"), "no password on stderr: {err}");
 }
 
 #[test]
