@@ -7,9 +7,10 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 
 use clap::{Args, ValueEnum};
-use sidelease::{Error, Lease, Options, Wait};
+use sidelease::{Error, Lease, Options, Pending, Wait};
 
 use crate::child::{self, Forward};
+use crate::progress::Progress;
 use crate::{EXIT_CONFLICT, EXIT_ERROR};
 
 #[derive(Args)]
@@ -84,8 +85,19 @@ fn options(a: &HoldArgs) -> Result<Options, Error> {
     Ok(o)
 }
 
+/// Acquire; a wait tells who it waits for.
+fn acquire(target: &std::path::Path, o: &Options) -> Result<Lease, Error> {
+    if o.wait == Wait::NoWait {
+        return Lease::acquire(target, o);
+    }
+    let mut progress = Progress::new();
+    let got = Pending::new(target, o).and_then(|p| p.wait_reporting(None, |c| progress.waiting(c)));
+    progress.done();
+    got
+}
+
 pub fn run(a: HoldArgs) -> ExitCode {
-    let lease = match options(&a).and_then(|o| Lease::acquire(&a.target, &o)) {
+    let lease = match options(&a).and_then(|o| acquire(&a.target, &o)) {
         Ok(l) => l,
         Err(e @ (Error::InUse(_) | Error::Timeout(_))) => {
             eprintln!("sidelease: {e}");

@@ -14,6 +14,7 @@ use sidelease::{CancelToken, Error, Lease, Options, Pending, Wait};
 
 use crate::child::{self, Forward};
 use crate::hold::OnLost;
+use crate::progress::Progress;
 use crate::EXIT_ERROR;
 
 /// The back-off after an error (a server that refuses connections, a
@@ -146,7 +147,11 @@ fn campaign(a: &LeadArgs, opts: &Options, stop: &Stop) -> ExitCode {
             eprintln!("sidelease: stopped: not leading {target}");
             return ExitCode::SUCCESS;
         }
-        let lease = match Pending::new(&a.target, opts).and_then(|p| p.wait(Some(&stop.token))) {
+        let mut progress = Progress::new();
+        let waited = Pending::new(&a.target, opts)
+            .and_then(|p| p.wait_reporting(Some(&stop.token), |c| progress.waiting(c)));
+        progress.done();
+        let lease = match waited {
             Ok(l) => l,
             Err(Error::Cancelled { .. }) => {
                 eprintln!("sidelease: stopped: not leading {target}");

@@ -4,6 +4,7 @@
 mod child;
 mod hold;
 mod lead;
+mod progress;
 mod status;
 
 use std::path::PathBuf;

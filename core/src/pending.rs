@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use rustix::io::Errno;
 
 use crate::backend::InFlight;
-use crate::error::{Error, Result};
+use crate::error::{Contention, Error, Result};
 use crate::lease::Lease;
 use crate::options::{Options, Wait};
 use crate::platform::notify::CancelToken;
@@ -91,8 +91,30 @@ impl Pending {
 
     /// Wait as the options say, on kernel events (or the server's answer),
     /// until acquired, timed out or cancelled.
-    pub fn wait(mut self, cancel: Option<&CancelToken>) -> Result<Lease> {
+    pub fn wait(self, cancel: Option<&CancelToken>) -> Result<Lease> {
+        self.wait_inner(cancel, None)
+    }
+
+    /// `wait`, telling `progress` who holds the lease while it waits: once
+    /// when the wait starts, and again whenever the holder changes (a
+    /// wake-up with the same holder is not reported). Each report costs a
+    /// look at the holder (the record, and the kernel's or the server's
+    /// list of holders), so plain `wait` does not make it.
+    pub fn wait_reporting(
+        self,
+        cancel: Option<&CancelToken>,
+        mut progress: impl FnMut(&Contention),
+    ) -> Result<Lease> {
+        self.wait_inner(cancel, Some(&mut progress))
+    }
+
+    fn wait_inner(
+        mut self,
+        cancel: Option<&CancelToken>,
+        mut progress: Option<&mut dyn FnMut(&Contention)>,
+    ) -> Result<Lease> {
         let deadline = self.deadline();
+        let mut told: Option<Contention> = None;
         loop {
             if let Some(c) = cancel {
                 if c.is_cancelled() {
@@ -103,6 +125,14 @@ impl Pending {
             }
             if let Some(lease) = self.try_acquire()? {
                 return Ok(lease);
+            }
+            if let Some(report) = progress.as_mut() {
+                if let Error::InUse(c) = self.contention_error(false) {
+                    if !told.as_ref().is_some_and(|t| same_holder(t, &c)) {
+                        report(&c);
+                        told = Some(*c);
+                    }
+                }
             }
             let now = Instant::now();
             let remaining = match deadline {
@@ -146,4 +176,15 @@ impl Pending {
         }
         Ok(watch.is_some() && !fds[0].revents().is_empty())
     }
+}
+
+/// Whether two looks at a held lease found the same holder: the same
+/// record (its nonce and generation) and the same PIDs holding the lock.
+fn same_holder(a: &Contention, b: &Contention) -> bool {
+    let id = |c: &Contention| {
+        c.holder
+            .as_ref()
+            .map(|r| (r.nonce.clone(), r.generation, r.pid))
+    };
+    id(a) == id(b) && a.holders == b.holders
 }
