@@ -68,7 +68,8 @@ pub fn on_signals(
 /// How the command is started.
 pub struct Spawn<'a> {
     pub command: &'a [String],
-    /// Keep the lease descriptor out of it.
+    /// Keep the lease's descriptor out of it (for a PostgreSQL lease, a
+    /// copy of its session's socket).
     pub no_inherit: bool,
     /// Have the kernel end it when this process dies (where it can).
     pub end_with_us: bool,
@@ -85,11 +86,13 @@ pub fn spawn(
     let mut cmd = std::process::Command::new(&s.command[0]);
     cmd.args(&s.command[1..]);
     cmd.env("SIDELEASE_LEASE_PATH", lease.lease_path());
-    // A PostgreSQL lease lives in this process's session: nothing to hand on.
-    let inherited = if s.no_inherit || lease.is_postgres() {
+    let inherited = if s.no_inherit {
         None
     } else {
         match lease.inheritable_fd() {
+            // A session's socket is only kept open, never for the command
+            // to use: it is not named.
+            Ok(fd) if lease.is_postgres() => Some(fd),
             Ok(fd) => {
                 cmd.env("SIDELEASE_LEASE_FD", fd.as_raw_fd().to_string());
                 Some(fd)

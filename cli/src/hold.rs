@@ -137,7 +137,8 @@ fn run_child(a: &HoldArgs, lease: &Lease) -> ExitCode {
     }
     let spawn = child::Spawn {
         command: &a.command,
-        no_inherit: a.no_inherit,
+        // A PostgreSQL lease lives in hold's session: it ends with hold.
+        no_inherit: a.no_inherit || lease.is_postgres(),
         end_with_us: false,
     };
     let status = child::spawn(&spawn, lease, &child).and_then(|mut c| child::wait(&mut c, &child));

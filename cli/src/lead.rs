@@ -220,8 +220,10 @@ enum Led {
 }
 
 /// Run the command while `lease` is held: it holds the lease's descriptor
-/// too (it never runs unleased) and is ended with this process, so a
-/// leader killed outright is succeeded at once.
+/// too — a PostgreSQL lease's session socket — so the lease outlives this
+/// process until the command has ended (it never runs unleased), and it is
+/// ended with this process, so a leader killed outright is succeeded at
+/// once.
 fn lead(a: &LeadArgs, lease: &Lease, stop: &Stop) -> Led {
     let lost: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
     let seen = lost.clone();

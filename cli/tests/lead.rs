@@ -15,7 +15,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_sidelease");
 /// descriptor 0 (the lowest, so it is let go before the lease's when the
 /// command is killed) without waiting, notes an overlap if it cannot, then
 /// appends the PID of its `lead` and its own to `leaders`.
-const LEADER: &str = r#"exec 0<>"$1"; flock -n 0 || echo "overlap $PPID" >> "$2"; echo $PPID $$ >> "$3"; exec sleep 600"#;
+const LEADER: &str = r#"exec 0<>"$1"; flock -n 0 || { echo "overlap $PPID $$ $(date +%s.%N)" >> "$2"; ps -eo pid,ppid,stat,lstart,args | grep "[s]leep 600" >> "$2"; }; echo $PPID $$ >> "$3"; exec sleep 600"#;
 
 /// The `lead` and the command of a line of `leaders`.
 fn pids(line: &str) -> (u32, u32) {
@@ -263,6 +263,13 @@ fn a_killed_leaders_command_leads_until_it_ends_never_beside_another() {
         Vec::<String>::new(),
         "two led at once"
     );
+    // Stopped, so its command ends too (killing it would leave the command
+    // running where it is not ended with its lead).
+    let mut last = crowd.pop().unwrap();
+    catches_sigterm(&last);
+    signal(&last, libc::SIGTERM);
+    let st = wait_bounded(&mut last, Duration::from_secs(10));
+    assert_eq!(st.code(), Some(128 + libc::SIGTERM));
 }
 
 #[test]

@@ -576,7 +576,12 @@ impl Lease {
     /// as it runs (what `sidelease hold` gives its command, as `flock(1)`
     /// does). The caller owns it; never `LOCK_UN` it. From then on the last
     /// release leaves the lock to that descriptor and records `released_at`
-    /// only if no process holds the lease file any more.
+    /// only if no process holds the lease file any more. For a PostgreSQL
+    /// lease with a session of its own it is a copy of that session's
+    /// socket, never to be read or written: while it is open the server
+    /// keeps the session, and the lock, even after this process died (a
+    /// lease on the shared session is refused: it would keep every lease
+    /// of the process).
     pub fn inheritable_fd(&self) -> Result<OwnedFd> {
         let s = self.live()?;
         s.hold.hand_on(s)

@@ -24,6 +24,8 @@ pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub(crate) struct Conn {
     pub client: Client,
     pub task: JoinHandle<std::result::Result<(), tokio_postgres::Error>>,
+    /// The socket's descriptor, owned by `task` (see `hand_on`).
+    socket: std::os::fd::RawFd,
     /// A value set in this server session only (`sidelease.session`):
     /// every statement that matters checks it, so a pooler that hands the
     /// next statement to another server session is caught (see
@@ -40,6 +42,23 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
+    /// A copy of the session's socket for a command this process starts:
+    /// while any copy is open the connection stays open, so the session
+    /// (and its lock) outlives this process until the command ends too.
+    /// Called on the session's own thread, whose runtime runs one task at a
+    /// time: the connection task, which owns the socket, cannot close it
+    /// between the check and the copy.
+    pub fn hand_on(&self) -> std::io::Result<std::os::fd::OwnedFd> {
+        if self.task.is_finished() {
+            return Err(std::io::Error::other("the session has ended"));
+        }
+        // SAFETY: open while the connection task runs (checked above).
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(self.socket) };
+        // Without close-on-exec, as a lease file's copy: the command
+        // inherits it.
+        Ok(rustix::io::dup(fd)?)
+    }
+
     /// This end's and the peer's port and address, as statement parameters
     /// (`-1` and `""` over a Unix socket), for the check that nothing sits
     /// between this connection and the server.
@@ -228,6 +247,7 @@ async fn startup(
         })
     })?;
     let ends = sock.tcp_ends();
+    let socket = sock.raw();
     // No TLS over a Unix socket (as libpq).
     let connector = match (&host, mode) {
         (Some(h), SslMode::Prefer | SslMode::Require) => {
@@ -288,6 +308,7 @@ async fn startup(
     Ok(Conn {
         client,
         task,
+        socket,
         session,
         ends,
         tls: used.and_then(|u| u.get().copied()),

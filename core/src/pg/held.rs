@@ -74,10 +74,7 @@ impl Held for Link {
     }
 
     fn hand_on(&self, _: &Shared) -> Result<OwnedFd> {
-        Err(Error::invalid(
-            "lease",
-            "a PostgreSQL lease has no descriptor to hand on: its session lives in this process",
-        ))
+        self.hand_on()
     }
 
     fn as_any(&self) -> &dyn Any {

@@ -364,6 +364,9 @@ fn drain(server: &str, tx: &UnboundedSender<Cmd>, mut rx: UnboundedReceiver<Cmd>
             Cmd::Recorded(_, reply) => {
                 let _ = reply.send(Ok(()));
             }
+            Cmd::HandOn(reply) => {
+                let _ = reply.send(Err(shared_hand_on()));
+            }
             Cmd::Cancel | Cmd::Share | Cmd::Told(_) => {}
         }
     }
@@ -426,6 +429,7 @@ impl Hub {
                         self.telling.remove(k);
                     }),
                     Some(Cmd::Release(reply)) => { let _ = reply.send(Ok(())); }
+                    Some(Cmd::HandOn(reply)) => { let _ = reply.send(Err(shared_hand_on())); }
                     Some(Cmd::Cancel | Cmd::Share) => {}
                     None => return None,
                 },
@@ -858,4 +862,13 @@ async fn record_alone(t: &Target, generation: i64) -> Result<()> {
             format!("no answer from the server within {}s", limit.as_secs()),
         )),
     }
+}
+
+/// Why a lease on the shared session has no descriptor to hand on: a copy
+/// of that socket would keep every lease of the process alive.
+fn shared_hand_on() -> std::io::Error {
+    std::io::Error::other(
+        "a shared session carries other leases of this process: only a lease with a session \
+         of its own (session=own) is handed on",
+    )
 }

@@ -79,6 +79,9 @@ pub(crate) enum Cmd {
     /// For the shared session: the holders of these keys' lost leases were
     /// told.
     Told(Vec<i64>),
+    /// A copy of the session's socket to hand to a command (its own
+    /// session only).
+    HandOn(std::sync::mpsc::SyncSender<std::io::Result<std::os::fd::OwnedFd>>),
 }
 
 /// A held PostgreSQL lease's line to its thread.
@@ -161,6 +164,32 @@ impl Link {
                     RELEASE_ANSWER.as_secs()
                 )),
             }),
+        }
+    }
+
+    /// A copy of the session's socket, for a command to inherit: the
+    /// session (and the lock) then lasts until that command has ended too,
+    /// even if this process is killed first.
+    pub(crate) fn hand_on(&self) -> Result<std::os::fd::OwnedFd> {
+        let err = |source: std::io::Error| Error::Io {
+            syscall: "dup",
+            path: PathBuf::from(&self.shown),
+            source,
+        };
+        if std::thread::current().id() == self.thread {
+            return Err(err(std::io::Error::other(
+                "asked from the lease's own thread (a loss callback)",
+            )));
+        }
+        let (reply, answer) = std::sync::mpsc::sync_channel(1);
+        if self.tx.send(Cmd::HandOn(reply)).is_err() {
+            return Err(err(std::io::Error::other("the session has ended")));
+        }
+        match answer.recv_timeout(RELEASE_ANSWER) {
+            Ok(r) => r.map_err(err),
+            Err(_) => Err(err(std::io::Error::other(
+                "the session has ended or did not answer",
+            ))),
         }
     }
 
@@ -362,7 +391,7 @@ impl Run {
                 cmd = self.rx.recv() => match cmd {
                     Some(Cmd::Share) => return true,
                     Some(Cmd::Release(_) | Cmd::Confirm(_)) => {}
-                    Some(Cmd::Try(_) | Cmd::Leave(..) | Cmd::Recorded(..) | Cmd::Told(_)) => {}
+                    Some(Cmd::Try(_) | Cmd::Leave(..) | Cmd::Recorded(..) | Cmd::Told(_) | Cmd::HandOn(_)) => {}
                     Some(Cmd::Cancel) | None => return false,
                 },
             }
@@ -563,7 +592,7 @@ impl Run {
                     why = match cmd {
                         Some(Cmd::Share) => Some(Step::Share),
                         Some(Cmd::Release(_) | Cmd::Confirm(_)) => continue,
-                        Some(Cmd::Try(_) | Cmd::Leave(..) | Cmd::Recorded(..) | Cmd::Told(_)) => continue,
+                        Some(Cmd::Try(_) | Cmd::Leave(..) | Cmd::Recorded(..) | Cmd::Told(_) | Cmd::HandOn(_)) => continue,
                         Some(Cmd::Cancel) | None => Some(Step::Cancelled),
                     };
                     give_up_at = tokio::time::Instant::now() + CANCEL_GRACE;
@@ -836,6 +865,9 @@ impl Run {
                         let _ = release_within(&conn.client, &t, generation).await;
                         conn.close().await;
                         return;
+                    }
+                    Some(Cmd::HandOn(reply)) => {
+                        let _ = reply.send(conn.hand_on());
                     }
                     Some(Cmd::Confirm(reply)) => match beat(&conn, pid, &confirmed).await {
                         Ok(()) => {

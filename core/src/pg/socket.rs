@@ -108,6 +108,12 @@ impl Listed {
         }
     }
 
+    /// The descriptor's number: valid while the connection that owns the
+    /// socket runs (see `Conn::hand_on`).
+    pub(crate) fn raw(&self) -> RawFd {
+        self.fd
+    }
+
     fn borrowed(&self) -> BorrowedFd<'_> {
         // SAFETY: the descriptor is open while the Listed exists.
         unsafe { BorrowedFd::borrow_raw(self.fd) }
