@@ -18,16 +18,28 @@ use crate::EXIT_ERROR;
 pub struct Forward {
     pid: i32,
     pending: Option<i32>,
+    /// The command leads a process group of its own: signal all of it.
+    group: bool,
+    /// A command ended and the next was not armed for: a signal now (a
+    /// loss told after the command ended) is for nobody.
+    idle: bool,
 }
 
 impl Forward {
     pub fn send(&mut self, sig: i32) {
         if self.pid > 0 {
-            // SAFETY: kill has no memory effects; the PID is our child.
-            unsafe { libc::kill(self.pid, sig) };
-        } else {
+            let to = if self.group { -self.pid } else { self.pid };
+            // SAFETY: kill has no memory effects; the PID is our child,
+            // not yet reaped (see `wait`), or the group it leads.
+            unsafe { libc::kill(to, sig) };
+        } else if !self.idle {
             self.pending = Some(sig);
         }
+    }
+
+    /// A new command is about to start: a signal from now on is for it.
+    pub fn arm(&mut self) {
+        self.idle = false;
     }
 
     pub fn started(&mut self, pid: i32) {
@@ -40,6 +52,7 @@ impl Forward {
     pub fn ended(&mut self) {
         self.pid = 0;
         self.pending = None;
+        self.idle = true;
     }
 }
 
@@ -71,7 +84,8 @@ pub struct Spawn<'a> {
     /// Keep the lease's descriptor out of it (for a PostgreSQL lease, a
     /// copy of its session's socket).
     pub no_inherit: bool,
-    /// Have the kernel end it when this process dies (where it can).
+    /// Have the kernel end it when this process dies (where it can), and
+    /// start it in a process group of its own, signalled as a whole.
     pub end_with_us: bool,
 }
 
@@ -104,6 +118,8 @@ pub fn spawn(
         }
     };
     if s.end_with_us {
+        cmd.process_group(0);
+        slot(forward).group = true;
         let parent = std::process::id();
         // SAFETY: the hook only makes async-signal-safe calls.
         unsafe {
@@ -130,8 +146,27 @@ pub fn spawn(
     }
 }
 
-/// Wait for the command; its PID is forgotten once it ended.
+/// Wait for the command; its PID is forgotten once it ended, before it is
+/// reaped, so a signal never reaches a process that took the PID over.
 pub fn wait(child: &mut Child, forward: &Mutex<Forward>) -> Result<ExitStatus, ExitCode> {
+    loop {
+        // SAFETY: an all-zero siginfo_t is a valid value (plain C data).
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waitid only fills `info`; WNOWAIT leaves the child
+        // unreaped, so its PID stays ours until `child.wait()` below.
+        let r = unsafe {
+            libc::waitid(
+                libc::P_PID,
+                child.id(),
+                &mut info,
+                libc::WEXITED | libc::WNOWAIT,
+            )
+        };
+        if r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            break;
+        }
+    }
+    slot(forward).ended();
     let status = loop {
         match child.wait() {
             Ok(s) => break s,
@@ -142,7 +177,6 @@ pub fn wait(child: &mut Child, forward: &Mutex<Forward>) -> Result<ExitStatus, E
             }
         }
     };
-    slot(forward).ended();
     Ok(status)
 }
 

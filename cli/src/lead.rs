@@ -22,6 +22,9 @@ use crate::EXIT_ERROR;
 /// hand-off never waits.
 const BACKOFF_FIRST: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(10);
+/// A term shorter than this, even one that ended with status 0, counts as
+/// a failure for the back-off.
+const MIN_TERM: Duration = Duration::from_secs(1);
 
 #[derive(Args)]
 pub struct LeadArgs {
@@ -169,10 +172,18 @@ fn campaign(a: &LeadArgs, opts: &Options, stop: &Stop) -> ExitCode {
                 continue;
             }
         };
+        child::slot(&stop.child).arm();
+        if stop.stopped() {
+            // Stopped in the moment it was elected: nothing was started.
+            drop(lease);
+            eprintln!("sidelease: stopped: not leading {target}");
+            return ExitCode::SUCCESS;
+        }
         match lease.generation() {
             Some(g) => eprintln!("sidelease: elected: leading {target} (generation {g})"),
             None => eprintln!("sidelease: elected: leading {target}"),
         }
+        let began = std::time::Instant::now();
         let led = lead(a, &lease, stop);
         if let Err(e) = lease.release() {
             eprintln!("sidelease: {e}");
@@ -197,9 +208,20 @@ fn campaign(a: &LeadArgs, opts: &Options, stop: &Stop) -> ExitCode {
             );
             return child::exit_code(status);
         }
-        if status.success() {
+        if status.success() && began.elapsed() >= MIN_TERM {
             errors = 0;
             eprintln!("sidelease: stepped down: the command exited; campaigning again");
+        } else if status.success() {
+            // A command that returns at once (or daemonizes and exits)
+            // would otherwise be elected hundreds of times a second.
+            errors += 1;
+            let d = backoff(errors);
+            eprintln!(
+                "sidelease: stepped down: the command exited after {}; campaigning again in {}",
+                seconds(began.elapsed()),
+                seconds(d)
+            );
+            stop.pause(d);
         } else {
             errors += 1;
             let d = backoff(errors);

@@ -11,11 +11,14 @@ mod common;
 
 const BIN: &str = env!("CARGO_BIN_EXE_sidelease");
 
-/// A command for `lead` that proves it leads alone: it locks `crit` on
-/// descriptor 0 (the lowest, so it is let go before the lease's when the
-/// command is killed) without waiting, notes an overlap if it cannot, then
-/// appends the PID of its `lead` and its own to `leaders`.
-const LEADER: &str = r#"exec 0<>"$1"; flock -n 0 || { echo "overlap $PPID $$ $(date +%s.%N)" >> "$2"; ps -eo pid,ppid,stat,lstart,args | grep "[s]leep 600" >> "$2"; }; echo $PPID $$ >> "$3"; exec sleep 600"#;
+/// A command for `lead` that proves it leads alone: it locks `crit` without
+/// waiting, notes an overlap (and the commands running then) if it cannot,
+/// then appends the PIDs of its `lead` and of itself to `leaders`. `crit` is
+/// on descriptor 200, above the lease's: with it on 0 the next leader once
+/// found it still locked by a killed leader that was already gone a moment
+/// later (the microseconds in which an exiting process lets go of its
+/// files one after another).
+const LEADER: &str = r#"exec 200<>"$1"; flock -n 200 || { echo "overlap $PPID $$ $(date +%s.%N)" >> "$2"; ps -eo pid,ppid,stat,args | grep "^ *[0-9]* *[0-9]* *[A-Za-z+]* *sleep 600" >> "$2"; }; echo $PPID $$ >> "$3"; exec sleep 600"#;
 
 /// The `lead` and the command of a line of `leaders`.
 fn pids(line: &str) -> (u32, u32) {
@@ -66,7 +69,7 @@ fn leader_of(dir: &Path, target: &str) -> Lead {
     let p = |n: &str| dir.join(n).to_str().unwrap().to_owned();
     Lead(
         Command::new(BIN)
-            .args(["lead", target, "--", "sh", "-c", LEADER, "sh"])
+            .args(["lead", target, "--", "bash", "-c", LEADER, "bash"])
             .args([p("crit"), p("overlaps"), p("leaders")])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -389,41 +392,83 @@ fn a_terminated_postgresql_session_ends_the_command_and_the_leader_campaigns_aga
 
 #[test]
 fn a_command_that_ends_steps_down_and_campaigns_again_backing_off_after_failures() {
-    // Exit 0 campaigns again at once (50 runs a second here; on the
-    // portable platform a lease file released a moment ago is given its
-    // 250 ms grace first), exit 3 after 0.1 s, 0.2 s, 0.4 s, ...
-    for (exit, at_least, at_most) in [(0, 4, usize::MAX), (3, 2, 6)] {
+    // A term of 1 s or more that ends with 0 campaigns again at once; one
+    // that fails, or returns at once (as `true`, or a command that
+    // daemonizes), waits 0.1 s, 0.2 s, 0.4 s, ... first.
+    for (script, watch_ms, at_least, at_most, says) in [
+        (
+            "sleep 1.05; exit 0",
+            2600,
+            2,
+            3,
+            "stepped down: the command exited; campaigning again\n",
+        ),
+        (
+            "exit 0",
+            1200,
+            2,
+            6,
+            "stepped down: the command exited after 0.0s; campaigning again in 0.1s",
+        ),
+        (
+            "exit 3",
+            1200,
+            2,
+            6,
+            "stepped down: the command exited with status 3; campaigning again in 0.1s",
+        ),
+    ] {
         let d = tempfile::tempdir().unwrap();
         let dir = d.path();
         let runs = dir.join("runs");
-        let script = format!(r#"echo run >> "$1"; sleep 0.02; exit {exit}"#);
-        let c = lead(dir, &["sh", "-c", &script, "sh", runs.to_str().unwrap()]);
+        let script = format!(r#"echo run >> "$1"; {script}"#);
+        let mut c = lead(dir, &["sh", "-c", &script, "sh", runs.to_str().unwrap()]);
         catches_sigterm(&c);
-        std::thread::sleep(Duration::from_millis(1200));
+        std::thread::sleep(Duration::from_millis(watch_ms));
         signal(&c, libc::SIGTERM);
-        let mut c = c;
         wait_bounded(&mut c, Duration::from_secs(5));
         let n = lines(&runs).len();
         let err = stderr_of(&mut c);
         assert!(
             (at_least..=at_most).contains(&n),
-            "exit {exit}: {n} runs\n{err}"
+            "{script}: {n} runs\n{err}"
         );
-        if exit == 0 {
+        assert!(err.contains(says), "{script}: {err}");
+        if script.contains("exit 3") {
             assert!(
-                err.contains("stepped down: the command exited; campaigning again")
-                    && !err.contains("campaigning again in"),
-                "{err}"
-            );
-        } else {
-            assert!(
-                err.contains(
-                    "stepped down: the command exited with status 3; campaigning again in 0.1s"
-                ) && err.contains("campaigning again in 0.4s"),
+                err.contains("campaigning again in 0.4s"),
                 "doubling back-off: {err}"
             );
         }
+        if script.contains("sleep") {
+            assert!(
+                !err.contains("campaigning again in"),
+                "no back-off after a term: {err}"
+            );
+        }
     }
+}
+
+#[test]
+fn the_leaders_whole_process_group_is_told_and_nothing_pends_for_the_next_term() {
+    // The command's children are signalled with it (it leads a process
+    // group of its own); a loss told after the command ended is for
+    // nobody, so the next term's command is not ended on arrival.
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    let runs = dir.join("runs");
+    let script = r#"sh -c 'trap "echo CHILD-TERM >> \"$1\"; exit 0" TERM; echo child >> "$1"; while :; do sleep 0.02; done' sh "$1" &
+echo run >> "$1"; wait"#;
+    let mut c = lead(dir, &["sh", "-c", script, "sh", runs.to_str().unwrap()]);
+    more_lines(&runs, 1, Duration::from_secs(10));
+    catches_sigterm(&c);
+    signal(&c, libc::SIGTERM);
+    wait_bounded(&mut c, Duration::from_secs(10));
+    let got = lines(&runs);
+    assert!(
+        got.contains(&"CHILD-TERM".to_string()),
+        "the grandchild was told: {got:?}"
+    );
 }
 
 #[test]

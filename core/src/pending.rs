@@ -127,8 +127,12 @@ impl Pending {
                 return Ok(lease);
             }
             if let Some(report) = progress.as_mut() {
+                // Only a holder someone can name: a young file's grace, or a
+                // look in between, finds none, and "another process" would
+                // be a guess.
                 if let Error::InUse(c) = self.contention_error(false) {
-                    if !told.as_ref().is_some_and(|t| same_holder(t, &c)) {
+                    let named = c.holder.is_some() || !c.holders.is_empty();
+                    if named && !told.as_ref().is_some_and(|t| same_holder(t, &c)) {
                         report(&c);
                         told = Some(*c);
                     }

@@ -55,20 +55,12 @@ pub(crate) struct Contention {
     looks: u32,
 }
 
-enum Verdict {
-    /// Look again soon.
-    Again,
-    /// Shared locks only, for a while now: not a rival's hold (a shared
-    /// lock excludes every exclusive one), but nothing to spin on either.
-    Shared,
-    /// The same process(es) kept it locked long enough, and in enough
-    /// looks, to be holding it.
-    Held,
-}
-
 impl Contention {
-    /// One more look that found the file locked.
-    fn look(slot: &mut Option<Contention>, lockers: Lockers, now: Instant) -> Verdict {
+    /// One more look that found the file locked: whether the same
+    /// process(es) kept it locked exclusively long enough, and in enough
+    /// looks, to be holding it. A shared lock excludes every exclusive one:
+    /// it is never a rival's hold.
+    fn look(slot: &mut Option<Contention>, lockers: Lockers, now: Instant) -> bool {
         let by = match lockers {
             Lockers::Shared => None,
             Lockers::Exclusive(by) => Some(by),
@@ -85,13 +77,7 @@ impl Contention {
                 looks: 1,
             }),
         };
-        if now.duration_since(c.since) < CONTENDED_FOR || c.looks < CONTENDED_LOOKS {
-            Verdict::Again
-        } else if c.by.is_none() {
-            Verdict::Shared
-        } else {
-            Verdict::Held
-        }
+        c.by.is_some() && now.duration_since(c.since) >= CONTENDED_FOR && c.looks >= CONTENDED_LOOKS
     }
 
     fn first(slot: &Option<Contention>) -> Option<u32> {
@@ -207,6 +193,10 @@ fn rewrite_if_overwritten(shared: &Shared, a: &mut Anchor) {
 }
 
 fn failing(shared: &Shared, why: &str) -> Outcome {
+    failing_every(shared, why, RETRY)
+}
+
+fn failing_every(shared: &Shared, why: &str, retry: Duration) -> Outcome {
     let now = Instant::now();
     let since = *shared.state().failing_since.get_or_insert(now);
     let period = watch::recheck_period();
@@ -220,7 +210,7 @@ fn failing(shared: &Shared, why: &str) -> Outcome {
             holders: Vec::new(),
         });
     }
-    Outcome::Retry(now + RETRY.min(period))
+    Outcome::Retry(now + retry.min(period))
 }
 
 /// "60s", "1.5s".
@@ -283,19 +273,26 @@ fn reanchor(shared: &Arc<Shared>, path: &Path, replaced: bool) -> Outcome {
                 // Who holds it now: the window starts again whenever that
                 // changes (one refused contender after another is nobody
                 // holding the file).
-                let outcome = match Contention::look(&mut st.contended, holders::lockers(bfd), now)
-                {
-                    Verdict::Again => Outcome::Retry(now + CONTENDED_RETRY),
-                    Verdict::Shared => {
-                        drop(st);
-                        failing(shared, "the file at its path stays share-locked")
-                    }
-                    Verdict::Held => Outcome::Lost(rival(
+                let outcome = if Contention::look(&mut st.contended, holders::lockers(bfd), now) {
+                    Outcome::Lost(rival(
                         shared,
                         bfd,
                         replaced,
                         Contention::first(&st.contended),
-                    )),
+                    ))
+                } else {
+                    // Looked at every millisecond, never more slowly: a
+                    // contender that finds the file free once this lock
+                    // ends must find it put back. A lock that never settles
+                    // (shared, or changing hands for ever) is a file that
+                    // cannot be put back, lost after the slow recheck.
+                    drop(st);
+                    failing_every(
+                        shared,
+                        "the file at its path stayed locked by other processes, shared or \
+                         changing hands",
+                        CONTENDED_RETRY,
+                    )
                 };
                 registry::close_listed(fd, slot);
                 return outcome;

@@ -466,7 +466,7 @@ fn a_shared_lock_that_stays_on_the_new_file_is_lost_after_the_slow_recheck() {
     );
     let reason = got["reason"].as_str().unwrap();
     assert!(
-        reason.contains("could not be put back") && reason.contains("share-locked"),
+        reason.contains("could not be put back") && reason.contains("stayed locked"),
         "{reason}"
     );
 }
