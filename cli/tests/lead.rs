@@ -157,19 +157,22 @@ fn stderr_of(c: &mut Lead) -> String {
     err
 }
 
-#[test]
-#[cfg_attr(
-    feature = "portable",
-    ignore = "portable platform: a command is not ended with its lead (no PR_SET_PDEATHSIG); it keeps leading until it exits (docs/platforms.md)"
-)]
-fn a_killed_leader_is_succeeded_at_once_and_two_never_lead() {
-    let d = tempfile::tempdir().unwrap();
-    let dir = d.path();
+/// Campaigners for `target`: the leader SIGKILLed `rounds` times in a row,
+/// a new campaigner started each time. Checks one new leader per kill,
+/// never the killed one, and no overlap; returns the campaigners left, the
+/// current leader's `lead` PID and the failover times, sorted.
+fn kill_leaders(
+    dir: &Path,
+    target: &str,
+    campaigners: usize,
+    rounds: usize,
+    bound: Duration,
+) -> (Vec<Lead>, u32, Vec<Duration>) {
     let leaders = dir.join("leaders");
-    let mut crowd: Vec<Lead> = (0..4).map(|_| leader(dir)).collect();
-    let mut seen = more_lines(&leaders, 0, Duration::from_secs(10)).len();
+    let mut crowd: Vec<Lead> = (0..campaigners).map(|_| leader_of(dir, target)).collect();
+    let mut seen = more_lines(&leaders, 0, Duration::from_secs(20)).len();
     let mut failover = Vec::new();
-    for round in 0..100 {
+    for round in 0..rounds {
         let now = pids(&lines(&leaders)[seen - 1]).0;
         let i = crowd
             .iter()
@@ -178,7 +181,7 @@ fn a_killed_leader_is_succeeded_at_once_and_two_never_lead() {
         let mut killed = crowd.swap_remove(i);
         let t0 = Instant::now();
         signal(&killed, libc::SIGKILL);
-        let new = more_lines(&leaders, seen, Duration::from_secs(5));
+        let new = more_lines(&leaders, seen, bound);
         failover.push(t0.elapsed());
         assert_eq!(new.len(), 1, "round {round}: one leader at a time: {new:?}");
         let next = pids(&new[0]).0;
@@ -189,7 +192,7 @@ fn a_killed_leader_is_succeeded_at_once_and_two_never_lead() {
         );
         seen += 1;
         let _ = killed.0.wait();
-        crowd.push(leader(dir));
+        crowd.push(leader_of(dir, target));
     }
     assert_eq!(
         lines(&dir.join("overlaps")),
@@ -197,35 +200,50 @@ fn a_killed_leader_is_succeeded_at_once_and_two_never_lead() {
         "two commands led at once"
     );
     failover.sort();
-    eprintln!(
-        "lead: failover after SIGKILL, 100 times: median {:?}, p99 {:?}",
-        failover[50], failover[98]
-    );
-    // Stopped: the leader passes the signal to its command and ends with
-    // its status; the campaigners end at once with 0.
-    // The campaigners first: a leader stopped first steps down, and one of
-    // them would be elected.
     let now = pids(&lines(&leaders)[seen - 1]).0;
+    (crowd, now, failover)
+}
+
+/// Stop every campaigner, the leader `now` last (stopped first, it would
+/// step down and one of them be elected): the leader passes the signal to
+/// its command and ends with its status, the others end at once with 0.
+fn stop_all(mut crowd: Vec<Lead>, now: u32) -> Vec<String> {
     crowd.sort_by_key(|c| c.id() == now);
+    let mut errs = Vec::new();
     for mut c in crowd {
         catches_sigterm(&c);
         signal(&c, libc::SIGTERM);
         let st = wait_bounded(&mut c, Duration::from_secs(10));
-        let leading = c.id() == now;
         let err = stderr_of(&mut c);
-        if leading {
+        if c.id() == now {
             assert_eq!(st.code(), Some(128 + libc::SIGTERM), "{err}");
             assert!(err.contains("stopped: stepped down"), "{err}");
         } else {
             assert_eq!(st.code(), Some(0), "{err}");
             assert!(err.contains("stopped: not leading"), "{err}");
         }
+        errs.push(err);
     }
-    let out = Command::new(BIN)
-        .args(["status"])
-        .arg(dir.join("app.db"))
-        .output()
-        .unwrap();
+    errs
+}
+
+#[test]
+#[cfg_attr(
+    feature = "portable",
+    ignore = "portable platform: a command is not ended with its lead (no PR_SET_PDEATHSIG); it keeps leading until it exits (docs/platforms.md)"
+)]
+fn a_killed_leader_is_succeeded_at_once_and_two_never_lead() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    let db = dir.join("app.db");
+    let (crowd, now, failover) =
+        kill_leaders(dir, &db.to_string_lossy(), 4, 100, Duration::from_secs(5));
+    eprintln!(
+        "lead: failover after SIGKILL, 100 times: median {:?}, p99 {:?}",
+        failover[50], failover[98]
+    );
+    stop_all(crowd, now);
+    let out = Command::new(BIN).arg("status").arg(&db).output().unwrap();
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -281,61 +299,19 @@ fn a_killed_leaders_command_leads_until_it_ends_never_beside_another() {
     ignore = "portable platform: a command is not ended with its lead (no PR_SET_PDEATHSIG) (docs/platforms.md)"
 )]
 fn a_killed_leader_on_postgresql_is_succeeded_and_two_never_lead() {
-    // The session ends with the killed lead (the kernel closes its socket)
-    // and the command with it; a campaigner waiting in pg_advisory_lock on
-    // a connection of its own is granted the lock.
+    // The command holds a copy of the session's socket: the session ends
+    // once both the killed lead and its command (ended with it) are gone,
+    // and a campaigner waiting in pg_advisory_lock on a connection of its
+    // own is granted the lock.
     let name = common::unique("lead");
     let target = format!("{}?lease={name}", common::env("SIDELEASE_TEST_PG"));
     let d = tempfile::tempdir().unwrap();
-    let dir = d.path();
-    let leaders = dir.join("leaders");
-    let mut crowd: Vec<Lead> = (0..3).map(|_| leader_of(dir, &target)).collect();
-    let mut seen = more_lines(&leaders, 0, Duration::from_secs(20)).len();
-    let mut failover = Vec::new();
-    for round in 0..20 {
-        let now = pids(&lines(&leaders)[seen - 1]).0;
-        let i = crowd
-            .iter()
-            .position(|c| c.id() == now)
-            .expect("the leader is a campaigner");
-        let mut killed = crowd.swap_remove(i);
-        let t0 = Instant::now();
-        signal(&killed, libc::SIGKILL);
-        let new = more_lines(&leaders, seen, Duration::from_secs(10));
-        failover.push(t0.elapsed());
-        assert_eq!(new.len(), 1, "round {round}: one leader at a time: {new:?}");
-        let next = pids(&new[0]).0;
-        assert!(
-            crowd.iter().any(|c| c.id() == next),
-            "round {round}: {next} campaigns"
-        );
-        seen += 1;
-        let _ = killed.0.wait();
-        crowd.push(leader_of(dir, &target));
-    }
-    assert_eq!(
-        lines(&dir.join("overlaps")),
-        Vec::<String>::new(),
-        "two commands led at once"
-    );
-    failover.sort();
+    let (crowd, now, failover) = kill_leaders(d.path(), &target, 3, 20, Duration::from_secs(10));
     eprintln!(
         "lead (PostgreSQL): failover after SIGKILL, 20 times: median {:?}, max {:?}",
         failover[10], failover[19]
     );
-    let now = pids(&lines(&leaders)[seen - 1]).0;
-    crowd.sort_by_key(|c| c.id() == now);
-    for mut c in crowd {
-        catches_sigterm(&c);
-        signal(&c, libc::SIGTERM);
-        let st = wait_bounded(&mut c, Duration::from_secs(10));
-        let err = stderr_of(&mut c);
-        let want = if c.id() == now {
-            128 + libc::SIGTERM
-        } else {
-            0
-        };
-        assert_eq!(st.code(), Some(want), "{err}");
+    for err in stop_all(crowd, now) {
         assert!(!err.contains("app-secret"), "no password on stderr: {err}");
     }
 }
