@@ -97,9 +97,9 @@ impl Pending {
 
     /// `wait`, telling `progress` who holds the lease while it waits: once
     /// when the wait starts, and again whenever the holder changes (a
-    /// wake-up with the same holder is not reported). Each report costs a
-    /// look at the holder (the record, and the kernel's or the server's
-    /// list of holders), so plain `wait` does not make it.
+    /// wake-up with the same holder is not reported). Every wake-up then
+    /// costs a look at the holder (the record, and the kernel's or the
+    /// server's list of holders), which plain `wait` does not make.
     pub fn wait_reporting(
         self,
         cancel: Option<&CancelToken>,
