@@ -134,6 +134,10 @@ impl Lease {
     pub fn new(inner: sidelease::Lease) -> Lease {
         Lease { inner }
     }
+
+    pub fn core(&self) -> &sidelease::Lease {
+        &self.inner
+    }
 }
 
 #[pymethods]

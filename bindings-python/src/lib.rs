@@ -3,6 +3,7 @@
 
 mod args;
 mod cancel;
+mod elector;
 mod error;
 mod json;
 mod lease;
@@ -20,6 +21,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<pending::Pending>()?;
     m.add_class::<lease::Ready>()?;
     m.add_class::<cancel::CancelToken>()?;
+    m.add_class::<elector::Elector>()?;
+    m.add_class::<elector::Term>()?;
     m.add_function(wrap_pyfunction!(watch::_watch_pause, m)?)?;
     m.add_function(wrap_pyfunction!(watch::_watch_resume, m)?)?;
     m.add_function(wrap_pyfunction!(watch::_watch_resume_soon, m)?)?;

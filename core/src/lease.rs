@@ -225,6 +225,15 @@ impl Shared {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// One handle more, unless the last one was released already.
+    fn retain(&self) -> bool {
+        self.handles
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n > 0).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
     /// Called under the registry lock.
     pub(crate) fn add_handle(&self) {
         self.handles.fetch_add(1, Ordering::AcqRel);
@@ -361,6 +370,16 @@ impl Lease {
 
     pub(crate) fn shared(&self) -> &Arc<Shared> {
         &self.shared
+    }
+
+    /// Another handle on this lease, for a second owner: the lease ends
+    /// with the last handle's release.
+    pub fn try_clone(&self) -> Result<Lease> {
+        let s = self.live()?;
+        if !s.retain() {
+            return Err(Error::invalid("lease", "this lease handle was released"));
+        }
+        Ok(Lease::from_shared(self.shared.clone()))
     }
 
     /// Whether this handle was released.

@@ -22,6 +22,7 @@
 //! This crate is the one core the C, Python, Node and Bun surfaces share.
 
 mod backend;
+pub mod elector;
 mod error;
 mod file;
 mod forkgate;

@@ -29,12 +29,14 @@ from ._errors import (
     LeaseTimeout,
     UnsupportedFilesystem,
 )
-from ._native import CancelToken, Lease, acquire, inspect
+from ._elect import Elector, lead, leadership
+from ._native import CancelToken, Lease, Term, acquire, inspect
 
 __version__: str = _native.__version__
 
 __all__ = [
     "CancelToken",
+    "Elector",
     "InvalidArgument",
     "Lease",
     "LeaseCancelled",
@@ -43,11 +45,14 @@ __all__ = [
     "LeaseLost",
     "LeaseOSError",
     "LeaseTimeout",
+    "Term",
     "UnsupportedFilesystem",
     "__version__",
     "acquire",
     "acquire_async",
     "inspect",
+    "lead",
+    "leadership",
 ]
 
 

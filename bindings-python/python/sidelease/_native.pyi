@@ -2,7 +2,7 @@
 
 import os
 from types import TracebackType
-from typing import Any, Awaitable, Coroutine, Dict, Generator, List, Literal, Optional, Type, Union, final
+from typing import Any, Awaitable, Callable, Coroutine, Dict, Generator, List, Literal, Optional, Type, Union, final
 
 from ._errors import LeaseLost
 
@@ -11,9 +11,11 @@ __all__ = [
     "acquire",
     "inspect",
     "CancelToken",
+    "Elector",
     "Lease",
     "Pending",
     "Ready",
+    "Term",
     "_watch_pause",
     "_watch_resume",
     "_watch_resume_soon",
@@ -111,6 +113,42 @@ class Pending:
     def woke(self) -> None: ...
     def error(self, timed_out: bool) -> BaseException: ...
     def close(self) -> None: ...
+
+_Ended = tuple[Literal["lost", "released", "stopped", "error"], str]
+
+@final
+class Elector:
+    def __new__(
+        cls,
+        target: _Path,
+        *,
+        on_event: Optional[Callable[[str, Dict[str, Any]], None]] = ...,
+        suffix: str = ...,
+        metadata: Optional[Dict[str, Any]] = ...,
+        allow_unsupported_fs: bool = ...,
+        split_guard: bool = ...,
+        watch: bool = ...,
+    ) -> Elector: ...
+    def campaign(self) -> Optional[Term]: ...
+    def stop(self) -> None: ...
+    @property
+    def stopped(self) -> bool: ...
+    @property
+    def target(self) -> str: ...
+    @property
+    def snapshot(self) -> Dict[str, Any]: ...
+
+@final
+class Term:
+    @property
+    def lease(self) -> Lease: ...
+    @property
+    def generation(self) -> Optional[int]: ...
+    @property
+    def cancelled(self) -> Optional[_Ended]: ...
+    def wait(self, timeout: Optional[float] = None) -> bool: ...
+    def _cancel_fd(self) -> int: ...
+    def step_down(self, error: Optional[str] = None) -> _Ended: ...
 
 def _watch_pause() -> None: ...
 def _watch_resume() -> None: ...

@@ -41,6 +41,16 @@ impl Engine {
         })
     }
 
+    /// How logs and errors show `target`: a PostgreSQL URL's password is
+    /// masked.
+    pub(crate) fn shown(target: &Path) -> String {
+        let s = target.to_string_lossy();
+        match Engine::of(target) {
+            Ok(Engine::Pg) => pg::mask(&s),
+            _ => s.into_owned(),
+        }
+    }
+
     /// What an error calls the thing at `lease_path` (a lease path as a
     /// [`Lease`] shows it: the file's path, or a masked URL).
     pub(crate) fn noun_of(lease_path: &Path) -> &'static str {

@@ -1,0 +1,352 @@
+"""Leader election from Python: the thread form (Elector), the asyncio forms
+(leadership, lead), against real campaigner processes (elect_campaigner.py)
+with an overlap detector beside the lease: SIGKILLed leaders, a rival that
+takes the lease file, a terminated PostgreSQL session; and in one process,
+events, the snapshot, stop, back-off and cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from typing import Any, Dict, List, Optional, Tuple
+
+import pytest
+
+import sidelease
+
+from conftest import Holder
+
+HERE = os.path.dirname(__file__)
+CAMPAIGNER = os.path.join(HERE, "elect_campaigner.py")
+
+
+class Campaign:
+    """Campaigner processes of one form on one target, their log and the
+    overlap detector; every process is ended by its PID."""
+
+    def __init__(self, tmp: Any, form: str, target: str) -> None:
+        self.form, self.target = form, target
+        self.detector = str(tmp / "detector")
+        self.log = str(tmp / "events.log")
+        self.procs: Dict[int, subprocess.Popen[bytes]] = {}
+        self.seen = 0  # lines of the log read so far
+
+    def spawn(self) -> int:
+        p = subprocess.Popen([sys.executable, CAMPAIGNER, self.form, self.target, self.detector, self.log],
+                             stdin=subprocess.DEVNULL)
+        self.procs[p.pid] = p
+        return p.pid
+
+    def lines(self) -> List[Tuple[int, str]]:
+        try:
+            with open(self.log) as f:
+                text = f.read()
+        except FileNotFoundError:
+            return []
+        out = []
+        for line in text.splitlines():
+            pid, _, what = line.partition(" ")
+            out.append((int(pid), what))
+        return out
+
+    def next(self, pred: Any, within: float = 10.0) -> Tuple[int, str]:
+        """The first line after those already read that `pred` accepts."""
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            lines = self.lines()
+            for i in range(self.seen, len(lines)):
+                if pred(*lines[i]):
+                    self.seen = i + 1
+                    return lines[i]
+            time.sleep(0.002)
+        pytest.fail(f"no such line within {within}s; the log: {self.lines()[-20:]}")
+
+    def overlaps(self) -> List[Tuple[int, str]]:
+        return [line for line in self.lines() if line[1] == "overlap"]
+
+    def kill(self, pid: int) -> None:
+        os.kill(pid, signal.SIGKILL)
+        self.procs.pop(pid).wait(10)
+
+    def close(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.kill()
+            p.wait(10)
+        self.procs.clear()
+
+
+@pytest.fixture
+def campaign(tmp_path: Any, request: Any) -> Any:
+    made: List[Campaign] = []
+
+    def make(form: str, target: Optional[str] = None) -> Campaign:
+        c = Campaign(tmp_path, form, target or str(tmp_path / "app.db"))
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.close()
+
+
+def lease_path(db: str) -> str:
+    return db + ".backend-lease"
+
+
+def take_over(db: str, tmp: Any) -> Any:
+    """A rival that is no sidelease holder locks a new file and renames it
+    over the lease file (in this test's directory only)."""
+    f = open(tmp / "rival", "w")
+    fcntl.flock(f, fcntl.LOCK_EX)
+    os.rename(tmp / "rival", lease_path(db))
+    return f
+
+
+# A SIGKILLed leader: 4 campaigners, the leader killed again and again, a
+# new campaigner started for each one killed. 100 for the thread form (the
+# gunicorn worker's), fewer for each asyncio form (same core loop).
+@pytest.mark.parametrize("form,kills", [("sync", 100), ("lead", 25), ("leadership", 25)])
+def test_a_killed_leader_is_succeeded_every_time_and_never_beside_another(campaign: Any, form: str,
+                                                                          kills: int) -> None:
+    c = campaign(form)
+    for _ in range(4):
+        c.spawn()
+    killed: List[int] = []
+    gaps: List[float] = []
+    leader, _ = c.next(lambda pid, what: what == "leading")
+    for _ in range(kills):
+        t = time.monotonic()
+        c.kill(leader)
+        killed.append(leader)
+        c.spawn()
+        new, _ = c.next(lambda pid, what: what == "leading")
+        gaps.append(time.monotonic() - t)
+        assert new not in killed, f"a killed leader {new} led again"
+        leader = new
+    assert c.overlaps() == [], c.lines()
+    gaps.sort()
+    print(f"\n{form}: failover after SIGKILL (incl. the log poll) median {gaps[len(gaps) // 2] * 1000:.1f} ms, "
+          f"max {gaps[-1] * 1000:.1f} ms over {kills}")
+
+
+@pytest.mark.parametrize("form", ["sync", "lead", "leadership"])
+def test_a_loss_cancels_the_work_and_it_campaigns_again(campaign: Any, tmp_path: Any, form: str) -> None:
+    c = campaign(form)
+    c.spawn()
+    c.spawn()
+    leader, _ = c.next(lambda pid, what: what == "leading")
+    rival = take_over(c.target, tmp_path)
+    t = time.monotonic()
+    c.next(lambda pid, what: pid == leader and what == "cancelled lost", within=5)
+    assert time.monotonic() - t < 2
+    if form == "leadership":
+        c.next(lambda pid, what: pid == leader and what.startswith("raised LeaseLost"))
+    # While the rival holds the lease nobody leads; once it lets go one does.
+    time.sleep(0.3)
+    assert [line for line in c.lines()[c.seen:] if line[1] == "leading"] == []
+    rival.close()
+    c.next(lambda pid, what: what == "leading")
+    assert c.overlaps() == []
+    assert all(p.poll() is None for p in c.procs.values()), "every campaigner is still campaigning"
+
+
+def _pg_url() -> str:
+    base = os.environ.get("SIDELEASE_TEST_PG")
+    if not base:
+        pytest.fail("SIDELEASE_TEST_PG is not set: eval \"$(bash tests/pg/cluster start)\" (tests/run does)")
+    return f"{base}?lease=elect-{uuid.uuid4().hex[:12]}"
+
+
+def _psql(sql: str) -> str:
+    cmd = [os.path.join(os.environ["SIDELEASE_TEST_PG_BIN"], "psql"), "-X", "-q", "-t", "-A", "-v", "ON_ERROR_STOP=1",
+           "-h", os.environ["SIDELEASE_TEST_PG_DIR"], "-p", os.environ["SIDELEASE_TEST_PG_PORT"], "-U", "postgres",
+           "-d", "app", "-c", sql]
+    if os.geteuid() == 0:
+        cmd = ["runuser", "-u", "postgres", "--"] + cmd
+    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.mark.parametrize("form", ["sync", "lead"])
+def test_a_terminated_postgres_session_cancels_the_work_and_a_killed_leader_is_succeeded(campaign: Any,
+                                                                                       form: str) -> None:
+    url = _pg_url()
+    name = url.rsplit("lease=", 1)[1]
+    c = campaign(form, url)
+    for _ in range(3):
+        c.spawn()
+    leader, _ = c.next(lambda pid, what: what == "leading")
+    n = _psql("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+              f"WHERE application_name LIKE 'sidelease {leader}@% {name}' AND state IS NOT NULL")
+    assert int(n) >= 1
+    c.next(lambda pid, what: pid == leader and what == "cancelled lost", within=5)
+    leader, _ = c.next(lambda pid, what: what == "leading")
+    for _ in range(5):
+        c.kill(leader)
+        c.spawn()
+        new, _ = c.next(lambda pid, what: what == "leading")
+        assert new != leader
+        leader = new
+    assert c.overlaps() == [], c.lines()
+
+
+# One process: events, snapshot, stop, back-off, cancellation.
+
+
+def test_the_thread_form_tells_its_events_and_stop_ends_the_work(db: str, caplog: Any) -> None:
+    caplog.set_level(logging.INFO, logger="sidelease")
+    events: List[Tuple[str, Dict[str, Any]]] = []
+    elector = sidelease.Elector(db, on_event=lambda k, i: events.append((k, i)))
+    began = threading.Event()
+    ended: List[Any] = []
+
+    def work(term: sidelease.Term) -> None:
+        began.set()
+        term.wait()
+        ended.append(term.cancelled)
+
+    elector.start(work)
+    assert began.wait(5)
+    snap = elector.snapshot
+    assert snap["leading"] and snap["generation"] == 1 and snap["elections"] == 1
+    assert snap["leader_since"] is not None and abs(snap["leader_since"] - time.time()) < 5
+    assert elector.is_leader
+    assert sidelease.inspect(db)["state"] == "held"
+    elector.stop(timeout=5)
+    assert ended == [("stopped", "")]
+    assert [k for k, _ in events] == ["elected", "stepped_down", "stopped"]
+    assert events[1][1] == {"why": "stopped", "detail": ""}
+    assert not elector.is_leader and elector.snapshot["leader_since"] is None
+    assert sidelease.inspect(db)["state"] == "free"
+    text = caplog.text
+    assert "elected: leading" in text and "stepped down" in text and "stopped campaigning" in text
+
+
+def test_a_campaign_names_the_holder_once_and_is_elected_when_it_lets_go(db: str, holder: Holder) -> None:
+    events: List[Tuple[str, Dict[str, Any]]] = []
+    elector = sidelease.Elector(db, on_event=lambda k, i: events.append((k, i)))
+    elected = threading.Event()
+    elector.start(lambda term: (elected.set(), term.wait()))
+    try:
+        time.sleep(0.5)
+        assert [k for k, _ in events] == ["waiting"], events
+        info = events[0][1]
+        assert info["holder"]["pid"] == holder.pid and info["holders"] == [holder.pid]
+        assert f"leased by pid {holder.pid}" in info["message"]
+        holder.release()
+        assert elected.wait(2)
+    finally:
+        elector.stop(timeout=5)
+
+
+def test_work_that_raises_steps_down_and_backs_off_before_campaigning_again(db: str) -> None:
+    events: List[Tuple[str, Dict[str, Any]]] = []
+    elector = sidelease.Elector(db, on_event=lambda k, i: events.append((k, i)))
+    times: List[float] = []
+
+    def work(term: sidelease.Term) -> None:
+        times.append(time.monotonic())
+        if len(times) == 3:
+            elector.stop()
+            return
+        raise ValueError("boom")
+
+    elector.run(work)
+    assert len(times) == 3
+    assert times[1] - times[0] >= 0.1 and times[2] - times[1] >= 0.2, times
+    downs = [i for k, i in events if k == "stepped_down"]
+    assert downs[0] == {"why": "error", "detail": "ValueError: boom"}
+    assert downs[2] == {"why": "stopped", "detail": ""}
+    assert elector.snapshot["failures"] == 2 and elector.snapshot["elections"] == 3
+
+
+def test_lead_runs_the_work_again_after_it_returns_until_stopped(db: str) -> None:
+    async def main() -> List[Optional[int]]:
+        stop = asyncio.Event()
+        gens: List[Optional[int]] = []
+
+        async def work(lease: sidelease.Lease) -> None:
+            gens.append(lease.generation)
+            if len(gens) == 2:
+                stop.set()
+                await asyncio.sleep(10)  # cancelled by the stop
+
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.01)
+
+        t = asyncio.ensure_future(ticker())
+        await asyncio.wait_for(sidelease.lead(db, work, stop=stop), 10)
+        t.cancel()
+        assert ticks > 5, "the loop kept running through the back-off"
+        return gens
+
+    assert asyncio.run(main()) == [1, 2]
+    assert sidelease.inspect(db)["state"] == "free"
+
+
+def test_cancelling_a_waiting_leadership_or_lead_leaves_nothing_held(db: str, holder: Holder) -> None:
+    async def main() -> None:
+        async def enter() -> None:
+            async with sidelease.leadership(db):
+                pytest.fail("elected while the holder holds it")
+
+        async def work(lease: sidelease.Lease) -> None:
+            pytest.fail("elected while the holder holds it")
+
+        for coro in (enter(), sidelease.lead(db, work)):
+            task = asyncio.ensure_future(coro)
+            await asyncio.sleep(0.2)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+    asyncio.run(main())
+    holder.release()
+    time.sleep(0.3)  # a campaign that was not stopped would take it now
+    assert sidelease.inspect(db)["state"] == "free"
+
+
+def test_cancelling_lead_while_leading_cancels_the_work_and_steps_down(db: str) -> None:
+    async def main() -> str:
+        running = asyncio.Event()
+        seen: List[str] = []
+
+        async def work(lease: sidelease.Lease) -> None:
+            running.set()
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                seen.append(lease.state)
+                raise
+
+        task = asyncio.ensure_future(sidelease.lead(db, work))
+        await asyncio.wait_for(running.wait(), 5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return seen[0]
+
+    assert asyncio.run(main()) == "held", "the work is cancelled before the lease is released"
+    assert sidelease.inspect(db)["state"] == "free"
+
+
+def test_bad_targets_are_errors_naming_them(tmp_path: Any) -> None:
+    with pytest.raises(sidelease.InvalidArgument, match="target"):
+        sidelease.Elector("")
+    with pytest.raises(sidelease.InvalidArgument, match="postgresql://"):
+        sidelease.Elector("postgres:/nohost")
+    with pytest.raises(sidelease.InvalidArgument, match="suffix"):
+        sidelease.Elector(str(tmp_path / "a.db"), suffix="")
