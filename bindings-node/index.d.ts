@@ -159,6 +159,69 @@ export declare class SideleaseError extends Error {
   reason?: string;
 }
 
+/** An elector's options: acquireAsync's without `timeout`; `signal` stops it. */
+export interface ElectorOptions extends Omit<AcquireAsyncOptions, 'timeout'> {
+  timeout?: never;
+}
+
+/** What an elector exports (a Prometheus gauge, say). */
+export interface ElectorSnapshot {
+  leading: boolean;
+  /** The current term's generation (the last one's when not leading). */
+  generation: number | null;
+  /** When the current term began, in ms since the epoch; null when not leading. */
+  leaderSince: number | null;
+  elections: number;
+  losses: number;
+  /** Errors in a row; the back-off grows with them. */
+  failures: number;
+}
+
+export type SteppedDownWhy = 'lost' | 'released' | 'stopped' | 'error';
+
+/** The events, also published on `diagnostics_channel` as `sidelease:<event>`. */
+export interface ElectorEvents {
+  /** Campaigning while `holder` holds it: at the start and whenever the holder changes. */
+  waiting: [info: { holder: HolderRecord | null; holders: number[]; message: string }];
+  elected: [info: { generation: number | null; lease: Lease; signal: AbortSignal }];
+  lost: [info: { reason: string | undefined; error: SideleaseError }];
+  'stepped-down': [info: { why: SteppedDownWhy; detail: string; error: unknown }];
+  /** A campaign failed (a server refusing connections); again in `retryIn` ms. */
+  retrying: [info: { message: string; code: SideleaseErrorCode; retryIn: number }];
+  stopped: [info: Record<string, never>];
+  /** start(): a campaign error no retry can mend. */
+  error: [error: SideleaseError];
+}
+
+export type LeaderWork = (lease: Lease, signal: AbortSignal) => unknown;
+
+/**
+ * Campaigns for a lease again and again, until stopped: each term runs
+ * `work(lease, signal)` (or, without work, lasts until the lease is lost or
+ * the elector stopped); the signal aborts on loss (reason: the
+ * SIDELEASE_LOST error) or stop. An elector keeps the process alive until
+ * stopped, as a listening server does.
+ */
+export declare class Elector {
+  constructor(target: string | URL, options?: ElectorOptions);
+  /** An EventEmitter (node:events); its events typed here. */
+  on<K extends keyof ElectorEvents>(event: K, listener: (...args: ElectorEvents[K]) => void): this;
+  once<K extends keyof ElectorEvents>(event: K, listener: (...args: ElectorEvents[K]) => void): this;
+  off<K extends keyof ElectorEvents>(event: K, listener: (...args: ElectorEvents[K]) => void): this;
+  readonly snapshot: ElectorSnapshot;
+  readonly isLeader: boolean;
+  readonly stopped: boolean;
+  /** The loop; resolves once stopped. */
+  run(work?: LeaderWork): Promise<void>;
+  /** run() in the background. */
+  start(work?: LeaderWork): this;
+  /** Stop campaigning and abort the current term; resolves once it stepped down. */
+  stop(): Promise<void>;
+}
+
+/** Lead whenever elected until `options.signal` aborts; see Elector. */
+export declare function lead(target: string | URL, work: LeaderWork, options?: ElectorOptions): Promise<void>;
+
 export declare function acquire(target: string | URL, options?: AcquireOptions): Lease;
 export declare function acquireAsync(target: string | URL, options?: AcquireAsyncOptions): Promise<Lease>;
 export declare function inspect(target: string | URL, options?: { suffix?: string }): Inspection;

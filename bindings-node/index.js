@@ -438,4 +438,17 @@ function inspect(target, options) {
   return out;
 }
 
-module.exports = { acquire, acquireAsync, inspect, Lease, SideleaseError, version: require('./package.json').version };
+const { Elector, lead } = require('./elect.js')({
+  native,
+  ENV,
+  newLease: (handle) => new Lease(NEW_LEASE, handle),
+  call,
+  fromNative,
+  targetArg,
+  nativeOptions,
+  typeError,
+  invalidArgument,
+  SideleaseError,
+});
+
+module.exports = { acquire, acquireAsync, inspect, Elector, lead, Lease, SideleaseError, version: require('./package.json').version };

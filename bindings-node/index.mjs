@@ -3,5 +3,5 @@ import { createRequire } from 'node:module';
 const require = createRequire(import.meta.url);
 const sidelease = require('./index.js');
 
-export const { acquire, acquireAsync, inspect, Lease, SideleaseError, version } = sidelease;
+export const { acquire, acquireAsync, inspect, Elector, lead, Lease, SideleaseError, version } = sidelease;
 export default sidelease;

@@ -22,6 +22,33 @@ export declare function acquireAsync(env: number, target: string, options: Nativ
 /** 'held', 'unlinked' or 'replaced'. */
 export declare function check(handle: number): string
 
+/**
+ * Wait until elected: [term number, lease handle number], or null once
+ * stopped.
+ */
+export declare function electorCampaign(env: number, id: number): Promise<Array<number> | null>
+
+/**
+ * Stop and forget the elector (its current term, if any, stays until it
+ * steps down).
+ */
+export declare function electorClose(id: number): void
+
+/**
+ * An elector for `target`; `onEvent(json)` hears "waiting" and
+ * "retrying" on this thread's event loop. Its number.
+ */
+export declare function electorOpen(env: number, target: string, options: NativeOptions | undefined | null, onEvent: (arg: string) => void): number
+
+/**
+ * {leading, generation, leaderSince (ms since the epoch), elections,
+ * losses, failures} as JSON.
+ */
+export declare function electorSnapshot(id: number): string
+
+/** Stop: a campaign answers null, and none starts again. */
+export declare function electorStop(id: number): void
+
 /** Throw a SIDELEASE_LOST error if the lease was lost. */
 export declare function ensureHeld(handle: number): void
 
@@ -113,3 +140,10 @@ export declare function state(handle: number): string
 export declare function takeFacts(handle: number): string | null
 
 export declare function target(handle: number): string
+
+/**
+ * End a term once its work ended (`error`: its failure, null when it
+ * returned); the lease handle must be released first. [why, detail]:
+ * why is "lost", "released", "stopped" or "error".
+ */
+export declare function termStepDown(id: number, error?: string | undefined | null): Array<string>

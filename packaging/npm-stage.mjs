@@ -55,7 +55,7 @@ for (const p of PLATFORMS) {
 
 const dir = path.join(dest, 'sidelease');
 fs.mkdirSync(dir, { recursive: true });
-const files = ['index.js', 'index.mjs', 'index.d.ts', 'native.d.ts'];
+const files = ['index.js', 'index.mjs', 'elect.js', 'index.d.ts', 'native.d.ts'];
 for (const f of files) copy(path.join(node, f), dir);
 for (const l of licenses) copy(path.join(root, l), dir);
 copy(path.join(root, 'README.md'), dir);

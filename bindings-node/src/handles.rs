@@ -76,6 +76,7 @@ fn close_env(env: u32) {
     for l in leases {
         let _ = l.release();
     }
+    crate::elector::close_env(env);
 }
 
 /// Keep a new handle; its number for JS. An environment torn down while

@@ -1,6 +1,7 @@
 // Shared helpers: temporary directories, and a holder in another real
 // process of the same runtime, driven by handshakes with bounded waits.
-import { spawn } from 'node:child_process';
+import { execFileSync, spawn } from 'node:child_process';
+import crypto from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -99,4 +100,24 @@ export class Holder {
     this.proc.stdin.destroy();
     this.proc.stdout.destroy();
   }
+}
+
+/** A PostgreSQL lease URL of its own on the cluster tests/run starts. */
+export function pgUrl() {
+  const base = process.env.SIDELEASE_TEST_PG;
+  if (!base) throw new Error('SIDELEASE_TEST_PG is not set: eval "$(bash tests/pg/cluster start)" (tests/run does)');
+  return `${base}?lease=js-${crypto.randomBytes(6).toString('hex')}`;
+}
+
+/** One statement as the superuser, its output. */
+export function psql(sql) {
+  const e = process.env;
+  let cmd = path.join(e.SIDELEASE_TEST_PG_BIN, 'psql');
+  let args = ['-X', '-q', '-t', '-A', '-v', 'ON_ERROR_STOP=1', '-h', e.SIDELEASE_TEST_PG_DIR, '-p', e.SIDELEASE_TEST_PG_PORT,
+    '-U', 'postgres', '-d', 'app', '-c', sql];
+  if (process.getuid() === 0) {
+    args = ['-u', 'postgres', '--', cmd, ...args];
+    cmd = 'runuser';
+  }
+  return execFileSync(cmd, args, { encoding: 'utf8' }).trim();
 }

@@ -3,30 +3,9 @@
 // session is terminated. Needs the cluster tests/run starts (SIDELEASE_TEST_PG*).
 import { test, describe } from 'node:test';
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
-import crypto from 'node:crypto';
-import path from 'node:path';
 
 import * as sidelease from '../index.mjs';
-import { Holder, withTimeout, STEP } from './helpers.mjs';
-
-function url() {
-  const base = process.env.SIDELEASE_TEST_PG;
-  if (!base) throw new Error('SIDELEASE_TEST_PG is not set: eval "$(bash tests/pg/cluster start)" (tests/run does)');
-  return `${base}?lease=js-${crypto.randomBytes(6).toString('hex')}`;
-}
-
-function psql(sql) {
-  const e = process.env;
-  let cmd = path.join(e.SIDELEASE_TEST_PG_BIN, 'psql');
-  let args = ['-X', '-q', '-t', '-A', '-v', 'ON_ERROR_STOP=1', '-h', e.SIDELEASE_TEST_PG_DIR, '-p', e.SIDELEASE_TEST_PG_PORT,
-    '-U', 'postgres', '-d', 'app', '-c', sql];
-  if (process.getuid() === 0) {
-    args = ['-u', 'postgres', '--', cmd, ...args];
-    cmd = 'runuser';
-  }
-  return execFileSync(cmd, args, { encoding: 'utf8' }).trim();
-}
+import { Holder, withTimeout, STEP, pgUrl as url, psql } from './helpers.mjs';
 
 // Sessions of this process waiting for the lease `u`.
 function waiters(u) {

@@ -73,6 +73,7 @@ class Campaign:
         return [line for line in self.lines() if line[1] == "overlap"]
 
     def kill(self, pid: int) -> None:
+        assert self.procs[pid].poll() is None, f"campaigner {pid} ended by itself"
         os.kill(pid, signal.SIGKILL)
         self.procs.pop(pid).wait(10)
 

@@ -1,6 +1,6 @@
 // Compiled with `tsc --noEmit --strict` by tests/run: what a TypeScript user
 // writes must type-check, and what must not compile must not.
-import { acquire, acquireAsync, inspect, Lease, SideleaseError } from '../../index';
+import { acquire, acquireAsync, Elector, inspect, lead, Lease, SideleaseError } from '../../index';
 
 export async function use(db: string): Promise<number | null> {
   const lease: Lease = acquire(db, { timeout: 100, metadata: { app: 'api' } });
@@ -36,3 +36,27 @@ void now;
 
 // @ts-expect-error unknown options do not type-check (and are refused at run time)
 acquire('app.db', { timout: 5000 });
+
+async function elect(signal: AbortSignal): Promise<number> {
+  const e = new Elector('app.db', { signal });
+  e.on('elected', ({ lease, signal: term }) => {
+    const g: number | null = lease.generation;
+    void g;
+    void term.aborted;
+  });
+  e.on('stepped-down', ({ why }) => {
+    const w: 'lost' | 'released' | 'stopped' | 'error' = why;
+    void w;
+  });
+  e.on('waiting', ({ holder }) => void holder?.pid);
+  await e.run(async (lease, term) => {
+    term.throwIfAborted();
+    lease.ensureHeld();
+  });
+  await lead('app.db', async (lease) => lease.generation, { signal });
+  return e.snapshot.elections;
+}
+void elect;
+
+// @ts-expect-error an elector waits until elected or stopped: no timeout
+new Elector('app.db', { timeout: 5 });
