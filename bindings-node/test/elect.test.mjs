@@ -9,6 +9,7 @@ import { spawn } from 'node:child_process';
 import diagnostics from 'node:diagnostics_channel';
 import fs from 'node:fs';
 import path from 'node:path';
+import { Worker } from 'node:worker_threads';
 
 import * as sidelease from '../index.mjs';
 import { Holder, here, tmpdir, withTimeout, STEP, pgUrl, psql } from './helpers.mjs';
@@ -268,3 +269,37 @@ describe('leader election in one process', () => {
   });
 });
 
+
+const ELECTING_WORKER = `
+const { parentPort, workerData } = require('node:worker_threads');
+const sidelease = require(workerData.index);
+const e = new sidelease.Elector(workerData.db);
+e.on('waiting', () => parentPort.postMessage('waiting'));
+e.on('elected', () => parentPort.postMessage('elected'));
+e.start();
+`;
+
+test('a terminated worker stops its elector: a term steps down, a campaign ends', async () => {
+  const db = path.join(tmpdir(), 'app.db');
+  const start = () => {
+    const w = new Worker(ELECTING_WORKER, { eval: true, workerData: { db, index: path.join(here, '..', 'index.js') } });
+    const said = withTimeout(new Promise((r, j) => { w.once('message', r); w.once('error', j); }), STEP, 'worker');
+    return { w, said };
+  };
+  const leader = start();
+  assert.equal(await leader.said, 'elected');
+  assert.equal(sidelease.inspect(db).state, 'held');
+  await leader.w.terminate();
+  assert.equal(sidelease.inspect(db).state, 'free', 'the leading worker stepped down');
+  const holder = await Holder.start(db);
+  try {
+    const campaigner = start();
+    assert.equal(await campaigner.said, 'waiting');
+    await campaigner.w.terminate();
+    await holder.release();
+    await sleep(300); // a campaign that went on would take it now
+    assert.equal(sidelease.inspect(db).state, 'free');
+  } finally {
+    holder.close();
+  }
+});

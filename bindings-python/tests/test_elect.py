@@ -351,3 +351,41 @@ def test_bad_targets_are_errors_naming_them(tmp_path: Any) -> None:
         sidelease.Elector("postgres:/nohost")
     with pytest.raises(sidelease.InvalidArgument, match="suffix"):
         sidelease.Elector(str(tmp_path / "a.db"), suffix="")
+
+
+SIGINT_RUN = """
+import sys, sidelease
+def work(term):
+    print("leading", flush=True)
+    term.wait()
+elector = sidelease.Elector(sys.argv[1])
+print("campaigning", flush=True)
+try:
+    elector.run(work)
+except KeyboardInterrupt:
+    print("interrupted", elector.stopped, elector.is_leader, flush=True)
+    raise
+"""
+
+
+@pytest.mark.parametrize("leading", [False, True])
+def test_ctrl_c_in_the_main_thread_stops_the_elector_and_releases(db: str, leading: bool) -> None:
+    holder = None if leading else Holder(db)
+    try:
+        p = subprocess.Popen([sys.executable, "-c", SIGINT_RUN, db], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+        assert p.stdout is not None
+        assert p.stdout.readline().strip() == "campaigning"
+        if leading:
+            assert p.stdout.readline().strip() == "leading"
+        else:
+            time.sleep(0.3)  # waiting for the holder
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=10)
+        assert out.strip() == "interrupted True False", (out, err)
+        assert p.returncode != 0 and "KeyboardInterrupt" in err
+    finally:
+        if holder is not None:
+            holder.release()
+            holder.close()
+    assert sidelease.inspect(db)["state"] == "free"

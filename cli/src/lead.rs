@@ -10,21 +10,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::Args;
+// The back-off and the shortest term that is not a failure are the core
+// elector's: every runtime's elector backs off alike.
+use sidelease::elector::{backoff, MIN_TERM};
 use sidelease::{CancelToken, Error, Lease, Options, Pending, Wait};
 
 use crate::child::{self, Forward};
 use crate::hold::OnLost;
 use crate::progress::Progress;
 use crate::EXIT_ERROR;
-
-/// The back-off after an error (a server that refuses connections, a
-/// command that failed) doubles from this, up to `BACKOFF_MAX`; a normal
-/// hand-off never waits.
-const BACKOFF_FIRST: Duration = Duration::from_millis(100);
-const BACKOFF_MAX: Duration = Duration::from_secs(10);
-/// A term shorter than this, even one that ended with status 0, counts as
-/// a failure for the back-off.
-const MIN_TERM: Duration = Duration::from_secs(1);
 
 #[derive(Args)]
 pub struct LeadArgs {
@@ -82,12 +76,6 @@ fn options(a: &LeadArgs) -> Result<Options, Error> {
         o.metadata = Some(sidelease::record::parse_metadata(m)?);
     }
     Ok(o)
-}
-
-fn backoff(errors: u32) -> Duration {
-    BACKOFF_FIRST
-        .saturating_mul(1 << errors.saturating_sub(1).min(16))
-        .min(BACKOFF_MAX)
 }
 
 fn seconds(d: Duration) -> String {

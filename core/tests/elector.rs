@@ -258,3 +258,19 @@ fn run_leads_until_stopped_and_a_bad_target_is_an_error_naming_it() {
         other => panic!("a mistyped URL: {:?}", other.is_ok()),
     }
 }
+
+#[test]
+fn leadership_is_per_process_two_electors_of_one_process_lead_together() {
+    let d = tempfile::tempdir().unwrap();
+    let db = d.path().join("app.db");
+    let (a, b) = (
+        Elector::new(&db, &Options::new()).unwrap(),
+        Elector::new(&db, &Options::new()).unwrap(),
+    );
+    let (ta, tb) = (elect(&a), elect(&b));
+    assert_eq!(ta.generation(), tb.generation(), "one lease, shared");
+    ta.step_down(Outcome::Returned);
+    assert!(!is_free(&db), "the other term still holds it");
+    tb.step_down(Outcome::Returned);
+    assert!(is_free(&db));
+}
