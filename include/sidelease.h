@@ -75,6 +75,64 @@ typedef enum {
 } sidelease_status;
 
 /**
+ * What an elector tells its callback.
+ */
+typedef enum {
+  /**
+   * Campaigning while another holds it (once at the start and whenever
+   * the holder changes): detail is the holder, as the in-use message says.
+   */
+  SIDELEASE_ELECTOR_WAITING = 0,
+  /**
+   * Elected: detail is the generation in decimal, or "".
+   */
+  SIDELEASE_ELECTOR_ELECTED = 1,
+  /**
+   * The lease was lost while leading (from the watcher thread): the reason.
+   */
+  SIDELEASE_ELECTOR_LOST = 2,
+  /**
+   * The term ended: "lost", "released", "stopped" or "error", then ": "
+   * and the detail when there is one.
+   */
+  SIDELEASE_ELECTOR_STEPPED_DOWN = 3,
+  /**
+   * A campaign failed and is retried after the back-off: the error.
+   */
+  SIDELEASE_ELECTOR_ERROR = 4,
+  /**
+   * Stopped: no campaign runs and none will. Detail "".
+   */
+  SIDELEASE_ELECTOR_STOPPED = 5,
+} sidelease_elector_event;
+
+/**
+ * Where a term is: leading, or why it must end or ended.
+ */
+typedef enum {
+  /**
+   * The work may go on.
+   */
+  SIDELEASE_TERM_LEADING = 0,
+  /**
+   * The lease was lost.
+   */
+  SIDELEASE_TERM_LOST = 1,
+  /**
+   * The work returned; the lease was released.
+   */
+  SIDELEASE_TERM_RELEASED = 2,
+  /**
+   * sidelease_elector_stop() was called.
+   */
+  SIDELEASE_TERM_STOPPED = 3,
+  /**
+   * The work failed.
+   */
+  SIDELEASE_TERM_FAILED = 4,
+} sidelease_term_state;
+
+/**
  * Does the lease path still name the locked file?
  */
 typedef enum {
@@ -120,6 +178,11 @@ typedef enum {
 typedef struct sidelease_cancel sidelease_cancel;
 
 /**
+ * Campaigns for one lease again and again, until stopped.
+ */
+typedef struct sidelease_elector sidelease_elector;
+
+/**
  * A handle on a lease. Several handles of one process may share one lease;
  * the lease ends with the last release.
  */
@@ -131,6 +194,19 @@ typedef struct sidelease_lease sidelease_lease;
  * guard on.
  */
 typedef struct sidelease_options sidelease_options;
+
+/**
+ * One term of leadership, from sidelease_elector_campaign() to
+ * sidelease_term_step_down().
+ */
+typedef struct sidelease_term sidelease_term;
+
+/**
+ * Called for each event with a NUL-terminated detail valid for the call.
+ */
+typedef void (*sidelease_elector_callback)(sidelease_elector_event event,
+                                           const char *detail,
+                                           void *user_data);
 
 /**
  * Called (from the library's watcher thread, never from a signal handler)
@@ -164,6 +240,111 @@ sidelease_status sidelease_cancel_cancel(const sidelease_cancel *cancel);
  * Free a cancel token. NULL is a no-op. Not while an acquire uses it.
  */
 void sidelease_cancel_free(sidelease_cancel *cancel);
+
+/**
+ * Make an elector for `target` (as sidelease_acquire() takes it). `opts`
+ * may be NULL; its timeout is ignored (a campaign waits until elected or
+ * stopped). Free it with sidelease_elector_free().
+ *
+ * Returns SIDELEASE_OK, SIDELEASE_ERR_INVALID_ARGUMENT,
+ * SIDELEASE_ERR_NULL_ARGUMENT or SIDELEASE_ERR_IO.
+ */
+sidelease_status sidelease_elector_new(const char *target,
+                                       const sidelease_options *opts,
+                                       sidelease_elector **out);
+
+/**
+ * Call `callback(event, detail, user_data)` on every event, on the thread
+ * it happens on: the campaigning thread, the one stepping down or
+ * stopping, or the library's watcher thread for a loss. Keep it short,
+ * never block in it, and never free the elector or a term in it.
+ *
+ * Returns SIDELEASE_OK or SIDELEASE_ERR_NULL_ARGUMENT.
+ */
+sidelease_status sidelease_elector_on_event(const sidelease_elector *elector,
+                                            sidelease_elector_callback callback,
+                                            void *user_data);
+
+/**
+ * Block until elected (`*out` receives a term) or stopped (`*out`
+ * receives NULL). Errors that a retry may mend (a server that refuses
+ * connections) are told as SIDELEASE_ELECTOR_ERROR events and retried
+ * after the back-off. One campaign or term at a time per elector.
+ *
+ * Returns SIDELEASE_OK, SIDELEASE_ERR_INVALID_ARGUMENT (a campaign or term
+ * in progress), SIDELEASE_ERR_UNSUPPORTED_FS or SIDELEASE_ERR_NULL_ARGUMENT.
+ */
+sidelease_status sidelease_elector_campaign(const sidelease_elector *elector, sidelease_term **out);
+
+/**
+ * Stop: a campaign returns with NULL, the current term's cancel
+ * descriptor turns readable (its work must end, then step down), and no
+ * campaign starts again. Safe from any thread, and idempotent.
+ *
+ * Returns SIDELEASE_OK or SIDELEASE_ERR_NULL_ARGUMENT.
+ */
+sidelease_status sidelease_elector_stop(const sidelease_elector *elector);
+
+/**
+ * The elector's snapshot as JSON: {"leading", "generation",
+ * "leader_since" (Unix seconds or null), "elections", "losses",
+ * "failures"}. Free `*out` with sidelease_string_free().
+ *
+ * Returns SIDELEASE_OK or SIDELEASE_ERR_NULL_ARGUMENT.
+ */
+sidelease_status sidelease_elector_snapshot_json(const sidelease_elector *elector, char **out);
+
+/**
+ * Free an elector, stopping it. It must outlive every campaign; a term
+ * may outlive it. NULL is a no-op.
+ */
+void sidelease_elector_free(sidelease_elector *elector);
+
+/**
+ * The term's lease (for its generation, record and checks), owned by the
+ * term: valid until sidelease_term_free(); do not release or free it.
+ * NULL for a NULL term.
+ */
+const sidelease_lease *sidelease_term_lease(const sidelease_term *term);
+
+/**
+ * A descriptor that turns readable once the work must end (lost or
+ * stopped), for poll(). Owned by the term: do not read or close it; valid
+ * until sidelease_term_step_down().
+ *
+ * Returns SIDELEASE_OK, SIDELEASE_ERR_NULL_ARGUMENT or
+ * SIDELEASE_ERR_INVALID_ARGUMENT (the term stepped down).
+ */
+sidelease_status sidelease_term_cancel_fd(const sidelease_term *term, int *out);
+
+/**
+ * `*out` receives SIDELEASE_TERM_LEADING while the work may go on,
+ * SIDELEASE_TERM_LOST or _STOPPED once it must end, and after
+ * sidelease_term_step_down() why the term ended.
+ *
+ * Returns SIDELEASE_OK or SIDELEASE_ERR_NULL_ARGUMENT.
+ */
+sidelease_status sidelease_term_check(const sidelease_term *term, sidelease_term_state *out);
+
+/**
+ * End the term once its work ended: release the lease (the next
+ * campaigner is woken at once). `error` is NULL when the work returned, or
+ * what made it fail (failed work backs the next campaign off, as does work
+ * that returned within 1 s). `*out` (may be NULL) receives why the term
+ * ended: a loss or a stop wins over the work's outcome. A second call
+ * answers the first's. The term stays allocated until sidelease_term_free().
+ *
+ * Returns SIDELEASE_OK or SIDELEASE_ERR_NULL_ARGUMENT.
+ */
+sidelease_status sidelease_term_step_down(const sidelease_term *term,
+                                          const char *error,
+                                          sidelease_term_state *out);
+
+/**
+ * Free a term, stepping down first (as if the work returned) if it did
+ * not. NULL is a no-op.
+ */
+void sidelease_term_free(sidelease_term *term);
 
 /**
  * Copy the message of this thread's last failure into `buf` (at most `len`

@@ -15,6 +15,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 mod cancel;
+mod elector;
 mod error;
 mod guard;
 mod inspect;
@@ -24,6 +25,7 @@ mod strings;
 mod watch;
 
 pub use cancel::*;
+pub use elector::*;
 pub use error::*;
 pub use inspect::*;
 pub use lease::*;

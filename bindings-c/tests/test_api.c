@@ -3,6 +3,7 @@
  * for handshakes; every wait bounded. Ends with "N passed, N failed". */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -530,6 +531,222 @@ static void test_watch_reanchors_and_signals_loss(void) {
     close(down[1]);
 }
 
+/* ---- the elector ---- */
+
+struct events_seen {
+    pthread_mutex_t mu;
+    int count[6];
+    char waiting[512];
+};
+
+static void on_event_cb(sidelease_elector_event ev, const char *detail, void *user_data) {
+    struct events_seen *seen = user_data;
+    pthread_mutex_lock(&seen->mu);
+    if ((int)ev >= 0 && (int)ev < 6) seen->count[ev]++;
+    if (ev == SIDELEASE_ELECTOR_WAITING) snprintf(seen->waiting, sizeof seen->waiting, "%s", detail);
+    pthread_mutex_unlock(&seen->mu);
+}
+
+static void test_elector_in_process(void) {
+    char db[512];
+    path(db, "elect.db");
+    sidelease_elector *e = NULL;
+    EXPECT(sidelease_elector_new(NULL, NULL, &e), SIDELEASE_ERR_NULL_ARGUMENT);
+    EXPECT(sidelease_elector_new("postgres:/nohost", NULL, &e), SIDELEASE_ERR_INVALID_ARGUMENT);
+    CHECK(last_error_contains("postgresql://"));
+    EXPECT(sidelease_elector_new(db, NULL, &e), SIDELEASE_OK);
+    struct events_seen seen = {PTHREAD_MUTEX_INITIALIZER, {0}, ""};
+    EXPECT(sidelease_elector_on_event(e, NULL, &seen), SIDELEASE_ERR_NULL_ARGUMENT);
+    EXPECT(sidelease_elector_on_event(e, on_event_cb, &seen), SIDELEASE_OK);
+    sidelease_term *t = NULL;
+    EXPECT(sidelease_elector_campaign(e, &t), SIDELEASE_OK);
+    CHECK(t != NULL);
+    uint64_t gen = 0;
+    EXPECT(sidelease_lease_generation(sidelease_term_lease(t), &gen), SIDELEASE_OK);
+    CHECK(gen == 1);
+    sidelease_term_state st = SIDELEASE_TERM_FAILED;
+    EXPECT(sidelease_term_check(t, &st), SIDELEASE_OK);
+    CHECK(st == SIDELEASE_TERM_LEADING);
+    int fd = -1;
+    EXPECT(sidelease_term_cancel_fd(t, &fd), SIDELEASE_OK);
+    CHECK(fd >= 0 && !poll_readable(fd, 0));
+    sidelease_term *again = NULL;
+    EXPECT(sidelease_elector_campaign(e, &again), SIDELEASE_ERR_INVALID_ARGUMENT);
+    CHECK(last_error_contains("one term at a time"));
+    char *snap = NULL;
+    EXPECT(sidelease_elector_snapshot_json(e, &snap), SIDELEASE_OK);
+    CHECK(snap && strstr(snap, "\"leading\":true") && strstr(snap, "\"elections\":1"));
+    sidelease_string_free(snap);
+    EXPECT(sidelease_elector_stop(e), SIDELEASE_OK);
+    CHECK(poll_readable(fd, 1000));
+    EXPECT(sidelease_term_check(t, &st), SIDELEASE_OK);
+    CHECK(st == SIDELEASE_TERM_STOPPED);
+    EXPECT(sidelease_term_step_down(t, "late failure", &st), SIDELEASE_OK);
+    CHECK(st == SIDELEASE_TERM_STOPPED);
+    EXPECT(sidelease_term_cancel_fd(t, &fd), SIDELEASE_ERR_INVALID_ARGUMENT);
+    char *info = NULL;
+    EXPECT(sidelease_inspect_json(db, NULL, &info), SIDELEASE_OK);
+    CHECK(info && strstr(info, "\"state\":\"free\""));
+    sidelease_string_free(info);
+    EXPECT(sidelease_elector_campaign(e, &again), SIDELEASE_OK);
+    CHECK(again == NULL);
+    pthread_mutex_lock(&seen.mu);
+    CHECK(seen.count[SIDELEASE_ELECTOR_ELECTED] == 1);
+    CHECK(seen.count[SIDELEASE_ELECTOR_STEPPED_DOWN] == 1);
+    CHECK(seen.count[SIDELEASE_ELECTOR_STOPPED] == 1);
+    pthread_mutex_unlock(&seen.mu);
+    sidelease_term_free(t);
+    sidelease_elector_free(e);
+    sidelease_term_free(NULL);
+    sidelease_elector_free(NULL);
+}
+
+/* A campaigner process: leads `db` again and again and, while leading,
+ * holds an exclusive flock on `detector` (a second leader at the same
+ * moment fails to take it and logs "overlap"). One line per event is
+ * appended to `log`. */
+static void note(const char *log, const char *what) {
+    int fd = open(log, O_WRONLY | O_APPEND | O_CREAT, 0600);
+    if (fd < 0) _exit(3);
+    dprintf(fd, "%d %s\n", (int)getpid(), what);
+    close(fd);
+}
+
+static pid_t start_campaigner(const char *db, const char *detector, const char *log) {
+    pid_t pid = fork();
+    if (pid != 0) return pid;
+    sidelease_elector *e = NULL;
+    if (sidelease_elector_new(db, NULL, &e) != SIDELEASE_OK) _exit(4);
+    for (;;) {
+        sidelease_term *t = NULL;
+        if (sidelease_elector_campaign(e, &t) != SIDELEASE_OK) _exit(5);
+        if (!t) break;
+        int det = open(detector, O_RDWR | O_CREAT, 0600);
+        if (det < 0) _exit(6);
+        if (flock(det, LOCK_EX | LOCK_NB) != 0) note(log, "overlap");
+        note(log, "leading");
+        int fd = -1;
+        if (sidelease_term_cancel_fd(t, &fd) != SIDELEASE_OK) _exit(7);
+        while (!poll_readable(fd, 60000)) {
+        }
+        sidelease_term_state st = SIDELEASE_TERM_LEADING;
+        sidelease_term_check(t, &st);
+        close(det); /* unlocks the detector before the lease is released */
+        note(log, st == SIDELEASE_TERM_LOST ? "cancelled lost" : "cancelled");
+        sidelease_term_step_down(t, NULL, NULL);
+        sidelease_term_free(t);
+    }
+    sidelease_elector_free(e);
+    _exit(0);
+}
+
+/* The first line of `log` past `*offset` saying `what` (from `not`, if it
+ * is not 0, only if another pid says it): its pid, or 0 after 10 s. */
+static pid_t next_line(const char *log, long *offset, const char *what, pid_t only) {
+    double until = now_s() + 10;
+    while (now_s() < until) {
+        FILE *f = fopen(log, "r");
+        if (f) {
+            char line[128];
+            fseek(f, *offset, SEEK_SET);
+            while (fgets(line, sizeof line, f)) {
+                if (!strchr(line, '\n')) break; /* a line still being written */
+                *offset = ftell(f);
+                int pid = 0;
+                char said[64] = "";
+                if (sscanf(line, "%d %63[^\n]", &pid, said) == 2 && !strcmp(said, what) && (!only || pid == only)) {
+                    fclose(f);
+                    return pid;
+                }
+            }
+            fclose(f);
+        }
+        usleep(1000);
+    }
+    fprintf(stderr, "no \"%s\" line in %s within 10 s\n", what, log);
+    return 0;
+}
+
+static int overlaps_in(const char *log) {
+    FILE *f = fopen(log, "r");
+    if (!f) return 0;
+    char line[128];
+    int n = 0;
+    while (fgets(line, sizeof line, f)) n += strstr(line, " overlap") != NULL;
+    fclose(f);
+    return n;
+}
+
+static void kill_child(pid_t pid) {
+    int status = 0;
+    kill(pid, SIGKILL);
+    CHECK(waitpid(pid, &status, 0) == pid && WIFSIGNALED(status));
+}
+
+#define CAMPAIGNERS 4
+#define KILLS 100
+
+static void test_elector_killed_leaders_and_a_loss(void) {
+    char db[512], detector[512], log[512], lp[600], tmp[600];
+    path(db, "elected.db");
+    path(detector, "elected.detector");
+    path(log, "elected.log");
+    snprintf(lp, sizeof lp, "%s.backend-lease", db);
+    path(tmp, "elected.rival");
+    pid_t procs[CAMPAIGNERS + KILLS];
+    int n = 0, alive = 0;
+    for (int i = 0; i < CAMPAIGNERS; i++) procs[n++] = start_campaigner(db, detector, log);
+    long off = 0;
+    pid_t leader = next_line(log, &off, "leading", 0);
+    CHECK(leader > 0);
+    int fresh = 1;
+    double worst = 0;
+    for (int k = 0; k < KILLS && leader > 0; k++) {
+        double t0 = now_s();
+        kill_child(leader);
+        for (int i = 0; i < n; i++)
+            if (procs[i] == leader) procs[i] = 0;
+        procs[n++] = start_campaigner(db, detector, log);
+        pid_t next = next_line(log, &off, "leading", 0);
+        if (now_s() - t0 > worst) worst = now_s() - t0;
+        for (int i = 0; i < n; i++)
+            if (procs[i] == 0 && next == leader) fresh = 0;
+        if (next == leader || next == 0) fresh = 0;
+        leader = next;
+    }
+    CHECK(fresh);
+    CHECK(overlaps_in(log) == 0);
+    printf("elector: %d SIGKILLed leaders succeeded, worst failover %.1f ms\n", KILLS, worst * 1000);
+    /* A rival renames its locked file over the lease file: the leader's term
+     * is cancelled as lost, nobody leads while the rival holds it, and one
+     * does once it lets go. */
+    int rival = open(tmp, O_RDWR | O_CREAT, 0600);
+    CHECK(rival >= 0 && flock(rival, LOCK_EX) == 0);
+    CHECK(rename(tmp, lp) == 0);
+    CHECK(next_line(log, &off, "cancelled lost", leader) == leader);
+    usleep(300000);
+    long peek = off;
+    FILE *f = fopen(log, "r");
+    int led_meanwhile = 0;
+    if (f) {
+        char line[128];
+        fseek(f, peek, SEEK_SET);
+        while (fgets(line, sizeof line, f)) led_meanwhile += strstr(line, " leading") != NULL;
+        fclose(f);
+    }
+    CHECK(led_meanwhile == 0);
+    close(rival);
+    CHECK(next_line(log, &off, "leading", 0) > 0);
+    CHECK(overlaps_in(log) == 0);
+    for (int i = 0; i < n; i++) {
+        if (procs[i] > 0) {
+            alive += waitpid(procs[i], NULL, WNOHANG) == 0;
+            kill_child(procs[i]);
+        }
+    }
+    CHECK(alive == CAMPAIGNERS);
+}
+
 int main(void) {
     const char *base = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     snprintf(dir, sizeof dir, "%s/sidelease-c-test-XXXXXX", base);
@@ -545,6 +762,8 @@ int main(void) {
     test_contention();
     test_fork_child_does_not_keep_the_lease();
     test_watch_reanchors_and_signals_loss();
+    test_elector_in_process();
+    test_elector_killed_leaders_and_a_loss();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
