@@ -32,9 +32,19 @@ if ! .venv/bin/python -c "import maturin, pytest, mypy, fastapi, uvicorn, typing
   .venv/bin/pip install --quiet --upgrade pip
   .venv/bin/pip install --quiet "maturin==1.16.0" "pytest>=8" "mypy>=1.18" fastapi uvicorn typing_extensions
 fi
+# The gunicorn + APScheduler example's pinned dependencies.
+if ! .venv/bin/python -c "import gunicorn, apscheduler, prometheus_client" 2>/dev/null; then
+  echo "setup: installing the gunicorn example's dependencies into .venv"
+  .venv/bin/pip install --quiet -r examples/gunicorn-scheduler/requirements.txt
+fi
 
 # Node and Bun: napi-rs CLI and the Bun binary come from the lockfile.
 if [ ! -x bindings-node/node_modules/.bin/napi ] || [ ! -x bindings-node/node_modules/@oven/bun-linux-x64/bin/bun ]; then
   echo "setup: npm ci in bindings-node"
   (cd bindings-node && npm ci --no-audit --no-fund --loglevel=error)
+fi
+# The node-cron example's pinned dependency, from its lockfile.
+if [ ! -f examples/js-scheduler/node_modules/node-cron/package.json ]; then
+  echo "setup: npm ci in examples/js-scheduler"
+  (cd examples/js-scheduler && npm ci --no-audit --no-fund --loglevel=error)
 fi
