@@ -8,6 +8,7 @@ import select
 import subprocess
 import sys
 import textwrap
+import uuid
 from typing import Any, Dict, Iterator, List
 
 import pytest
@@ -83,3 +84,21 @@ def holder(db: str) -> Iterator[Holder]:
         yield h
     finally:
         h.close()
+
+
+def pg_url(prefix: str = "py") -> str:
+    """A PostgreSQL lease URL of its own on the cluster tests/run starts."""
+    base = os.environ.get("SIDELEASE_TEST_PG")
+    if not base:
+        pytest.fail("SIDELEASE_TEST_PG is not set: eval \"$(bash tests/pg/cluster start)\" (tests/run does)")
+    return f"{base}?lease={prefix}-{uuid.uuid4().hex[:12]}"
+
+
+def psql(sql: str) -> str:
+    """One statement as the superuser, its output."""
+    cmd = [os.path.join(os.environ["SIDELEASE_TEST_PG_BIN"], "psql"), "-X", "-q", "-t", "-A", "-v", "ON_ERROR_STOP=1",
+           "-h", os.environ["SIDELEASE_TEST_PG_DIR"], "-p", os.environ["SIDELEASE_TEST_PG_PORT"], "-U", "postgres",
+           "-d", "app", "-c", sql]
+    if os.geteuid() == 0:
+        cmd = ["runuser", "-u", "postgres", "--"] + cmd
+    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip()

@@ -15,14 +15,13 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 
 import sidelease
 
-from conftest import Holder
+from conftest import Holder, pg_url, psql
 
 HERE = os.path.dirname(__file__)
 CAMPAIGNER = os.path.join(HERE, "elect_campaigner.py")
@@ -160,32 +159,16 @@ def test_a_loss_cancels_the_work_and_it_campaigns_again(campaign: Any, tmp_path:
     assert all(p.poll() is None for p in c.procs.values()), "every campaigner is still campaigning"
 
 
-def _pg_url() -> str:
-    base = os.environ.get("SIDELEASE_TEST_PG")
-    if not base:
-        pytest.fail("SIDELEASE_TEST_PG is not set: eval \"$(bash tests/pg/cluster start)\" (tests/run does)")
-    return f"{base}?lease=elect-{uuid.uuid4().hex[:12]}"
-
-
-def _psql(sql: str) -> str:
-    cmd = [os.path.join(os.environ["SIDELEASE_TEST_PG_BIN"], "psql"), "-X", "-q", "-t", "-A", "-v", "ON_ERROR_STOP=1",
-           "-h", os.environ["SIDELEASE_TEST_PG_DIR"], "-p", os.environ["SIDELEASE_TEST_PG_PORT"], "-U", "postgres",
-           "-d", "app", "-c", sql]
-    if os.geteuid() == 0:
-        cmd = ["runuser", "-u", "postgres", "--"] + cmd
-    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip()
-
-
 @pytest.mark.parametrize("form", ["sync", "lead"])
 def test_a_terminated_postgres_session_cancels_the_work_and_a_killed_leader_is_succeeded(campaign: Any,
                                                                                        form: str) -> None:
-    url = _pg_url()
+    url = pg_url("elect")
     name = url.rsplit("lease=", 1)[1]
     c = campaign(form, url)
     for _ in range(3):
         c.spawn()
     leader, _ = c.next(lambda pid, what: what == "leading")
-    n = _psql("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+    n = psql("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
               f"WHERE application_name LIKE 'sidelease {leader}@% {name}' AND state IS NOT NULL")
     assert int(n) >= 1
     c.next(lambda pid, what: pid == leader and what == "cancelled lost", within=5)

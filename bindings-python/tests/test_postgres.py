@@ -12,29 +12,14 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 
 import pytest
 
 import sidelease
 
+from conftest import pg_url, psql
+
 HERE = os.path.dirname(__file__)
-
-
-def _url() -> str:
-    base = os.environ.get("SIDELEASE_TEST_PG")
-    if not base:
-        pytest.fail("SIDELEASE_TEST_PG is not set: eval \"$(bash tests/pg/cluster start)\" (tests/run does)")
-    return f"{base}?lease=py-{uuid.uuid4().hex[:12]}"
-
-
-def _psql(sql: str) -> str:
-    cmd = [os.path.join(os.environ["SIDELEASE_TEST_PG_BIN"], "psql"), "-X", "-q", "-t", "-A", "-v", "ON_ERROR_STOP=1",
-           "-h", os.environ["SIDELEASE_TEST_PG_DIR"], "-p", os.environ["SIDELEASE_TEST_PG_PORT"], "-U", "postgres",
-           "-d", "app", "-c", sql]
-    if os.geteuid() == 0:
-        cmd = ["runuser", "-u", "postgres", "--"] + cmd
-    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip()
 
 
 HOLD = "import sidelease, sys, time; l = sidelease.acquire(sys.argv[1]); print('held', flush=True); time.sleep(600)"
@@ -49,7 +34,7 @@ def _holder(url: str) -> subprocess.Popen[str]:
 def _waiters(url: str) -> int:
     """Sessions of this process waiting for the lease `url`."""
     name = url.rsplit("lease=", 1)[1]
-    return int(_psql("SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+    return int(psql("SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
                      "WHERE l.locktype = 'advisory' AND NOT l.granted "
                      f"AND a.application_name = 'sidelease {os.getpid()}@' || split_part(a.application_name, '@', 2) "
                      f"AND a.application_name LIKE '% {name}'"))
@@ -59,13 +44,13 @@ def _sessions(url: str) -> str:
     """This process's sessions for the lease `url`, as the server sees them
     (for a failure's message: which statement is still running, since when)."""
     name = url.rsplit("lease=", 1)[1]
-    return _psql("SELECT string_agg(format('pid %s client port %s %s/%s since %s, query started %s: %s', "
+    return psql("SELECT string_agg(format('pid %s client port %s %s/%s since %s, query started %s: %s', "
                  "pid, client_port, state, wait_event, backend_start, query_start, left(query, 60)), E'\\n') "
                  f"FROM pg_stat_activity WHERE application_name LIKE 'sidelease {os.getpid()}@% {name}'")
 
 
 def test_acquire_async_is_woken_by_the_server_and_the_loop_keeps_running() -> None:
-    url = _url()
+    url = pg_url()
     holder = _holder(url)
 
     async def main() -> sidelease.Lease:
@@ -99,7 +84,7 @@ def test_acquire_async_is_woken_by_the_server_and_the_loop_keeps_running() -> No
 
 
 def test_cancelling_the_task_leaves_no_waiter_on_the_server() -> None:
-    url = _url()
+    url = pg_url()
     holder = _holder(url)
 
     async def main() -> None:
@@ -133,13 +118,13 @@ def test_cancelling_the_task_leaves_no_waiter_on_the_server() -> None:
 
 
 def test_a_terminated_session_makes_the_lease_lost() -> None:
-    url = _url()
+    url = pg_url()
     lease = sidelease.acquire(url)
 
     async def main() -> None:
         lost = asyncio.ensure_future(lease.wait_lost())
         await asyncio.sleep(0.1)
-        n = _psql("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+        n = psql("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
                   f"WHERE application_name LIKE 'sidelease {os.getpid()}@% {url.rsplit('lease=', 1)[1]}'")
         assert n == "1"
         t = time.monotonic()
@@ -158,7 +143,7 @@ def test_a_terminated_session_makes_the_lease_lost() -> None:
 
 
 def test_many_cancelled_waits_leave_nothing_on_the_server() -> None:
-    url = _url()
+    url = pg_url()
     holder = _holder(url)
 
     async def main() -> None:
@@ -178,7 +163,7 @@ def test_many_cancelled_waits_leave_nothing_on_the_server() -> None:
         while _waiters(url) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert _waiters(url) == 0, _sessions(url)
-        sessions = _psql("SELECT count(*) FROM pg_stat_activity "
+        sessions = psql("SELECT count(*) FROM pg_stat_activity "
                          f"WHERE application_name LIKE 'sidelease {os.getpid()}@% {url.rsplit('lease=', 1)[1]}'")
         assert sessions == "0"
     finally:
@@ -187,11 +172,11 @@ def test_many_cancelled_waits_leave_nothing_on_the_server() -> None:
 
 
 def test_ensure_held_now_asks_the_server_and_agrees_with_the_rest() -> None:
-    url = _url()
+    url = pg_url()
     lease = sidelease.acquire(url + "&confirm_within=500")
     for _ in range(20):
         lease.ensure_held_now()
-    backend = int(_psql("SELECT pid FROM pg_stat_activity "
+    backend = int(psql("SELECT pid FROM pg_stat_activity "
                         f"WHERE application_name LIKE 'sidelease {os.getpid()}@% {url.rsplit('lease=', 1)[1]}'"))
     gaps: list[float] = []
     done = threading.Event()
@@ -230,4 +215,4 @@ def test_ensure_held_now_asks_the_server_and_agrees_with_the_rest() -> None:
 
 def test_confirm_within_out_of_range_names_the_parameter() -> None:
     with pytest.raises(sidelease.InvalidArgument, match="confirm_within=50: milliseconds, 100 to 4000"):
-        sidelease.acquire(_url() + "&confirm_within=50")
+        sidelease.acquire(pg_url() + "&confirm_within=50")
