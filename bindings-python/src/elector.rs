@@ -266,7 +266,10 @@ impl Term {
                     &format!("invalid argument `timeout`: {t} is not a number of seconds >= 0"),
                 ))
             }
-            Some(t) => Some(std::time::Instant::now() + Duration::from_secs_f64(t)),
+            // A timeout past what the clock can hold waits for ever.
+            Some(t) => Duration::try_from_secs_f64(t)
+                .ok()
+                .and_then(|d| std::time::Instant::now().checked_add(d)),
             None => None,
         };
         loop {
