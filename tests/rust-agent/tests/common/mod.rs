@@ -186,6 +186,13 @@ pub fn reachable_agent() -> std::path::PathBuf {
         let to = dir.join("sidelease-agent");
         std::fs::copy(env!("CARGO_BIN_EXE_sidelease-agent"), &to).unwrap();
         std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)).unwrap();
+        // The copy is 70+ MB; the harness ends with exit(3), which runs this.
+        extern "C" fn remove_copy() {
+            let dir = std::env::temp_dir().join(format!("sidelease-agent-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(dir);
+        }
+        // SAFETY: registers a plain function that only removes a directory.
+        unsafe { libc::atexit(remove_copy) };
         to
     })
     .clone()
