@@ -584,6 +584,16 @@ impl Lease {
         self.shared.record.generation
     }
 
+    /// How long a previous holder that did not release (its session ended
+    /// by an operator, a restart or a cut network) may go on believing it
+    /// holds the lease: a PostgreSQL lease's `confirm_within`. `None` for a
+    /// lease file, whose lock the kernel frees only once its holder let go
+    /// or died. The elector waits this out before a term whose predecessor
+    /// did not release cleanly.
+    pub fn loss_bound(&self) -> Option<std::time::Duration> {
+        self.shared.hold.loss_bound()
+    }
+
     /// False when the lease file could only be opened read-only: the lock
     /// holds, but no record was written.
     pub fn record_written(&self) -> bool {

@@ -140,6 +140,12 @@ pub(crate) trait Held: Send + Sync + RefUnwindSafe + UnwindSafe {
     }
     /// A new descriptor that keeps the lock for a child process.
     fn hand_on(&self, s: &Shared) -> Result<OwnedFd>;
+    /// How long a holder whose lock was taken from it (not released) may
+    /// go on believing it holds the lease; `None` when the lock is freed
+    /// only by its holder letting go or dying.
+    fn loss_bound(&self) -> Option<Duration> {
+        None
+    }
     /// For the engine's own code, to reach its half of a [`Shared`].
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     fn as_any(&self) -> &dyn Any;

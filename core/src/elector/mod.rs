@@ -263,6 +263,17 @@ impl Elector {
                     continue;
                 }
             };
+            if let Some(bound) = fence(&lease) {
+                // The predecessor did not release: its session may have been
+                // ended under it, and it learns that only from its socket or
+                // once its bound passes. Its work may run until then.
+                let lost = lease.lost_fd().ok();
+                self.pause_or(bound, lost);
+                if lease.ensure_held().is_err() {
+                    let _ = lease.release();
+                    continue;
+                }
+            }
             if inner.stopped() {
                 // Stopped in the moment it was elected: nothing was led.
                 let _ = lease.release();
@@ -274,25 +285,30 @@ impl Elector {
 
     /// Sleep up to `d`; true if stopped meanwhile.
     fn pause(&self, d: Duration) -> bool {
+        self.pause_or(d, None);
+        self.inner.stopped()
+    }
+
+    /// Sleep up to `d`, or until stopped or `also` turns readable.
+    fn pause_or(&self, d: Duration, also: Option<std::os::fd::BorrowedFd<'_>>) {
         use rustix::event::{poll, PollFd, PollFlags, Timespec};
         let deadline = std::time::Instant::now() + d;
         loop {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
-            if self.inner.stopped() {
-                return true;
-            }
-            if left.is_zero() {
-                return false;
+            if self.inner.stopped() || left.is_zero() {
+                return;
             }
             let ts = Timespec {
                 tv_sec: left.as_secs() as i64,
                 tv_nsec: left.subsec_nanos() as _,
             };
-            let mut fds = [PollFd::from_borrowed_fd(
-                self.inner.stop.fd(),
-                PollFlags::IN,
-            )];
-            let _ = poll(&mut fds, Some(&ts));
+            let mut fds = [
+                PollFd::from_borrowed_fd(self.inner.stop.fd(), PollFlags::IN),
+                PollFd::from_borrowed_fd(also.unwrap_or(self.inner.stop.fd()), PollFlags::IN),
+            ];
+            if poll(&mut fds, Some(&ts)).is_ok() && !fds[1].revents().is_empty() {
+                return;
+            }
         }
     }
 
@@ -352,6 +368,17 @@ impl Elector {
 impl Drop for Elector {
     fn drop(&mut self) {
         self.inner.stop.cancel();
+    }
+}
+
+/// How long a new term must wait before its work starts: a predecessor
+/// that did not release cleanly may still be running its work until its
+/// bound passes (PostgreSQL; a lease file's lock is freed only by its
+/// holder's release or death).
+fn fence(lease: &crate::lease::Lease) -> Option<Duration> {
+    match lease.previous_released_cleanly() {
+        Some(true) => None,
+        _ => lease.loss_bound(),
     }
 }
 

@@ -77,6 +77,13 @@ impl Held for Link {
         self.hand_on()
     }
 
+    /// The server frees the lock the moment an operator or a restart ends
+    /// the session; its holder learns it from its socket, or, cut off,
+    /// once its bound passes without a confirmation.
+    fn loss_bound(&self) -> Option<std::time::Duration> {
+        Some(self.confirmed.bound())
+    }
+
     fn as_any(&self) -> &dyn Any {
         self
     }
