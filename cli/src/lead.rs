@@ -5,15 +5,14 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::Args;
-// The back-off and the shortest term that is not a failure are the core
-// elector's: every runtime's elector backs off alike.
-use sidelease::elector::{backoff, MIN_TERM};
-use sidelease::{CancelToken, Error, Lease, Options, Pending, Wait};
+// The core's elector, as every runtime's: the same campaign, fence and
+// back-off.
+use sidelease::elector::{backoff, Elector, Ended, Event, Outcome, Term, MIN_TERM};
+use sidelease::{Error, Options};
 
 use crate::child::{self, Forward};
 use crate::hold::OnLost;
@@ -40,35 +39,9 @@ pub struct LeadArgs {
     command: Vec<String>,
 }
 
-/// What a signal to `lead` changes: a campaign is cancelled, a command is
-/// sent the signal, and no new campaign starts.
-struct Stop {
-    token: CancelToken,
-    stopped: AtomicBool,
-    child: Arc<Mutex<Forward>>,
-}
-
-impl Stop {
-    fn stopped(&self) -> bool {
-        self.stopped.load(Ordering::SeqCst)
-    }
-
-    /// Sleep up to `d`, or until stopped.
-    fn pause(&self, d: Duration) {
-        let step = Duration::from_millis(20);
-        let mut left = d;
-        while !left.is_zero() && !self.stopped() {
-            let s = left.min(step);
-            std::thread::sleep(s);
-            left -= s;
-        }
-    }
-}
-
 fn options(a: &LeadArgs) -> Result<Options, Error> {
     let mut o = Options::new()
         .suffix(&a.suffix)
-        .wait(Wait::Forever)
         .allow_unsupported_fs(a.allow_unsupported_fs)
         .split_guard(!a.no_split_guard)
         .runtime(format!("sidelease-cli {} (lead)", sidelease::VERSION));
@@ -82,6 +55,14 @@ fn seconds(d: Duration) -> String {
     format!("{:.1}s", d.as_secs_f64())
 }
 
+fn usage_or_error(e: &Error) -> ExitCode {
+    eprintln!("sidelease: {e}");
+    match e {
+        Error::InvalidArgument { .. } => ExitCode::from(2),
+        _ => ExitCode::from(EXIT_ERROR),
+    }
+}
+
 pub fn run(a: LeadArgs) -> ExitCode {
     if a.on_lost == OnLost::Ignore {
         eprintln!(
@@ -90,175 +71,132 @@ pub fn run(a: LeadArgs) -> ExitCode {
         );
         return ExitCode::from(2);
     }
-    let opts = match options(&a) {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("sidelease: {e}");
-            return ExitCode::from(2);
-        }
+    let elector = match options(&a).and_then(|o| Elector::new(&a.target, &o)) {
+        Ok(e) => Arc::new(e),
+        Err(e) => return usage_or_error(&e),
     };
-    let token = match CancelToken::new() {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("sidelease: {e}");
-            return ExitCode::from(EXIT_ERROR);
-        }
-    };
-    let stop = Arc::new(Stop {
-        token,
-        stopped: AtomicBool::new(false),
-        child: Arc::new(Mutex::new(Forward::default())),
-    });
-    let on_signal = stop.clone();
+    let child = Arc::new(Mutex::new(Forward::default()));
+    tell(&elector, a.on_lost, &child);
+    let (stopper, to_child) = (elector.clone(), child.clone());
     let signals = child::on_signals(move |sig| {
-        on_signal.stopped.store(true, Ordering::SeqCst);
-        on_signal.token.cancel();
-        child::slot(&on_signal.child).send(sig);
+        stopper.stop();
+        child::slot(&to_child).send(sig);
     });
-    let code = campaign(&a, &opts, &stop);
+    let code = campaign(&a, &elector, &child);
     if let Some(h) = signals {
         h.close();
     }
     code
 }
 
+/// What the elector tells goes to stderr, and a loss to the command.
+fn tell(elector: &Elector, on_lost: OnLost, child: &Arc<Mutex<Forward>>) {
+    let progress = Mutex::new(Progress::new());
+    let target = elector.target();
+    let child = child.clone();
+    elector.on_event(move |e| {
+        let mut progress = progress.lock().unwrap_or_else(|e| e.into_inner());
+        match e {
+            Event::Waiting(c) => return progress.waiting(c),
+            Event::Lost { .. } => return on_lost.apply(&child),
+            _ => progress.done(),
+        }
+        match e {
+            Event::Elected {
+                generation: Some(g),
+            } => eprintln!("sidelease: elected: leading {target} (generation {g})"),
+            Event::Elected { generation: None } => {
+                eprintln!("sidelease: elected: leading {target}")
+            }
+            Event::Error { error, retry_in } => {
+                eprintln!(
+                    "sidelease: {error}; campaigning again in {}",
+                    seconds(*retry_in)
+                )
+            }
+            _ => {}
+        }
+    });
+}
+
 /// Campaign, lead, step down, again: returns once stopped (0 when it was
 /// not leading, the command's status when it was), or when the command
 /// cannot be run at all.
-fn campaign(a: &LeadArgs, opts: &Options, stop: &Stop) -> ExitCode {
-    // A PostgreSQL target's password is never printed.
-    let target = if crate::is_postgres(&a.target) {
-        sidelease::pg::mask(&a.target.to_string_lossy())
-    } else {
-        a.target.display().to_string()
+fn campaign(a: &LeadArgs, elector: &Elector, child: &Arc<Mutex<Forward>>) -> ExitCode {
+    let target = elector.target();
+    let not_leading = || {
+        eprintln!("sidelease: stopped: not leading {target}");
+        ExitCode::SUCCESS
     };
-    let mut errors = 0u32;
     loop {
-        if stop.stopped() {
-            eprintln!("sidelease: stopped: not leading {target}");
-            return ExitCode::SUCCESS;
-        }
-        let mut progress = Progress::new();
-        let waited = Pending::new(&a.target, opts)
-            .and_then(|p| p.wait_reporting(Some(&stop.token), |c| progress.waiting(c)));
-        progress.done();
-        let lease = match waited {
-            Ok(l) => l,
-            Err(Error::Cancelled { .. }) => {
-                eprintln!("sidelease: stopped: not leading {target}");
-                return ExitCode::SUCCESS;
-            }
-            Err(e @ Error::InvalidArgument { .. }) => {
-                eprintln!("sidelease: {e}");
-                return ExitCode::from(2);
-            }
-            Err(e) => {
-                errors += 1;
-                let d = backoff(errors);
-                eprintln!("sidelease: {e}; campaigning again in {}", seconds(d));
-                stop.pause(d);
-                continue;
-            }
+        let term = match elector.campaign() {
+            Ok(Some(t)) => t,
+            Ok(None) => return not_leading(),
+            Err(e) => return usage_or_error(&e),
         };
-        child::slot(&stop.child).arm();
-        if stop.stopped() {
+        child::slot(child).arm();
+        if term.cancelled() == Some(Ended::Stopped) {
             // Stopped in the moment it was elected: nothing was started.
-            drop(lease);
-            eprintln!("sidelease: stopped: not leading {target}");
-            return ExitCode::SUCCESS;
+            drop(term);
+            return not_leading();
         }
-        match lease.generation() {
-            Some(g) => eprintln!("sidelease: elected: leading {target} (generation {g})"),
-            None => eprintln!("sidelease: elected: leading {target}"),
-        }
-        let began = std::time::Instant::now();
-        let led = lead(a, &lease, stop);
-        if let Err(e) = lease.release() {
-            eprintln!("sidelease: {e}");
-        }
-        let status = match led {
-            Led::Ended(s, lost) => match lost {
-                Some(reason) => {
-                    eprintln!(
-                        "sidelease: lost: {reason}; the command {}; campaigning again",
-                        child::describe(s)
-                    );
-                    continue;
-                }
-                None => s,
-            },
-            Led::NotRun(code) => return code,
+        let status = match lead(a, &term, child) {
+            Ok(s) => s,
+            Err(code) => {
+                term.step_down(Outcome::Failed("the command could not be run".into()));
+                return code;
+            }
         };
-        if stop.stopped() {
-            eprintln!(
-                "sidelease: stopped: stepped down, the command {}",
+        let lasted = term.elapsed();
+        let outcome = match status.success() {
+            true => Outcome::Returned,
+            false => Outcome::Failed(child::describe(status)),
+        };
+        let again = || seconds(backoff(elector.snapshot().failures));
+        match term.step_down(outcome) {
+            Ended::Lost(reason) => eprintln!(
+                "sidelease: lost: {reason}; the command {}; campaigning again",
                 child::describe(status)
-            );
-            return child::exit_code(status);
-        }
-        if status.success() && began.elapsed() >= MIN_TERM {
-            errors = 0;
-            eprintln!("sidelease: stepped down: the command exited; campaigning again");
-        } else if status.success() {
+            ),
+            Ended::Stopped => {
+                eprintln!(
+                    "sidelease: stopped: stepped down, the command {}",
+                    child::describe(status)
+                );
+                return child::exit_code(status);
+            }
+            Ended::Released if lasted >= MIN_TERM => {
+                eprintln!("sidelease: stepped down: the command exited; campaigning again")
+            }
             // A command that returns at once (or daemonizes and exits)
             // would otherwise be elected hundreds of times a second.
-            errors += 1;
-            let d = backoff(errors);
-            eprintln!(
+            Ended::Released => eprintln!(
                 "sidelease: stepped down: the command exited after {}; campaigning again in {}",
-                seconds(began.elapsed()),
-                seconds(d)
-            );
-            stop.pause(d);
-        } else {
-            errors += 1;
-            let d = backoff(errors);
-            eprintln!(
-                "sidelease: stepped down: the command {}; campaigning again in {}",
-                child::describe(status),
-                seconds(d)
-            );
-            stop.pause(d);
+                seconds(lasted),
+                again()
+            ),
+            Ended::Failed(why) => eprintln!(
+                "sidelease: stepped down: the command {why}; campaigning again in {}",
+                again()
+            ),
         }
     }
 }
 
-enum Led {
-    /// The command ended; the reason the lease was lost, if it was.
-    Ended(std::process::ExitStatus, Option<String>),
-    NotRun(ExitCode),
-}
-
-/// Run the command while `lease` is held: it holds the lease's descriptor
+/// Run the command while the term lasts: it holds the lease's descriptor
 /// too — a PostgreSQL lease's session socket — so the lease outlives this
 /// process until the command has ended (it never runs unleased), and it is
 /// ended with this process, so a leader killed outright is succeeded at
-/// once.
-fn lead(a: &LeadArgs, lease: &Lease, stop: &Stop) -> Led {
-    let lost: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
-    let seen = lost.clone();
-    let to_child = stop.child.clone();
-    let on_lost = a.on_lost;
-    let registered = lease.on_lost(move |l| {
-        *seen.lock().unwrap_or_else(|e| e.into_inner()) = Some(l.reason.clone());
-        on_lost.apply(&to_child);
-    });
-    if let Err(e) = registered {
-        eprintln!("sidelease: {e}");
-        return Led::NotRun(ExitCode::from(EXIT_ERROR));
-    }
+/// once. A loss signals it (the listener in `tell`).
+fn lead(
+    a: &LeadArgs,
+    term: &Term,
+    child: &Arc<Mutex<Forward>>,
+) -> Result<std::process::ExitStatus, ExitCode> {
     let spawn = child::Spawn {
         command: &a.command,
         no_inherit: false,
         end_with_us: true,
     };
-    let status =
-        child::spawn(&spawn, lease, &stop.child).and_then(|mut c| child::wait(&mut c, &stop.child));
-    match status {
-        Ok(s) => {
-            let why = lost.lock().unwrap_or_else(|e| e.into_inner()).take();
-            Led::Ended(s, why)
-        }
-        Err(code) => Led::NotRun(code),
-    }
+    child::spawn(&spawn, term.lease(), child).and_then(|mut c| child::wait(&mut c, child))
 }

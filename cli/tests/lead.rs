@@ -366,6 +366,50 @@ fn a_terminated_postgresql_session_ends_the_command_and_the_leader_campaigns_aga
     assert!(!err.contains("app-secret"), "no password on stderr: {err}");
 }
 
+/// The server frees the lock the moment the leader's session is ended and
+/// grants a waiting campaigner at once, while the old leader learns of it
+/// from its socket: the new term waits out the bound before its command
+/// starts, so the old command is gone by then.
+#[test]
+fn a_terminated_leaders_command_is_gone_before_its_successor_starts() {
+    let name = common::unique("lead");
+    let target = format!(
+        "{}?lease={name}&confirm_within=300",
+        common::env("SIDELEASE_TEST_PG")
+    );
+    let d = tempfile::tempdir().unwrap();
+    let leaders = d.path().join("leaders");
+    let crowd: Vec<Lead> = (0..3).map(|_| leader_of(d.path(), &target)).collect();
+    let mut seen = more_lines(&leaders, 0, Duration::from_secs(20)).len();
+    for round in 0..4 {
+        let now = pids(&lines(&leaders)[seen - 1]).0;
+        let t0 = Instant::now();
+        let ended = common::psql(&format!(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+             WHERE application_name LIKE 'sidelease {now}@%' AND application_name LIKE '%{name}' \
+             AND state IS NOT NULL"
+        ));
+        assert_eq!(ended, "1", "round {round}: the leader's session");
+        let new = more_lines(&leaders, seen, Duration::from_secs(10));
+        let took = t0.elapsed();
+        assert_eq!(new.len(), 1, "round {round}: one leader at a time: {new:?}");
+        assert!(
+            took >= Duration::from_millis(300),
+            "round {round}: the successor waited out the bound: {took:?}"
+        );
+        seen += 1;
+    }
+    assert_eq!(
+        lines(&d.path().join("overlaps")),
+        Vec::<String>::new(),
+        "two commands led at once"
+    );
+    let now = pids(&lines(&leaders)[seen - 1]).0;
+    for err in stop_all(crowd, now) {
+        assert!(!err.contains("app-secret"), "no password on stderr: {err}");
+    }
+}
+
 #[test]
 fn a_command_that_ends_steps_down_and_campaigns_again_backing_off_after_failures() {
     // A term of 1 s or more that ends with 0 campaigns again at once; one
