@@ -346,6 +346,36 @@ def test_bad_targets_are_errors_naming_them(tmp_path: Any) -> None:
         sidelease.Elector("postgres:/nohost")
     with pytest.raises(sidelease.InvalidArgument, match="suffix"):
         sidelease.Elector(str(tmp_path / "a.db"), suffix="")
+    # A path that cannot name a lease file is refused at once, not retried.
+    for bad in [tmp_path / "missing" / "app.db", tmp_path / ("x" * 300)]:
+        events: List[str] = []
+        e = sidelease.Elector(str(bad), on_event=lambda kind, info: events.append(kind))
+        with pytest.raises(OSError, match=str(bad.parent)):
+            e.run(lambda term: None)
+        assert "error" not in events
+
+
+def test_arguments_that_are_not_callables_or_events_are_type_errors(tmp_path: Any) -> None:
+    db = str(tmp_path / "app.db")
+    with pytest.raises(TypeError, match="on_event"):
+        sidelease.Elector(db, on_event=5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="on_event"):
+        sidelease.leadership(db, on_event="x")  # type: ignore[arg-type]
+    e = sidelease.Elector(db)
+    with pytest.raises(TypeError, match="work"):
+        e.run(5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="work"):
+        e.start(None)  # type: ignore[arg-type]
+    assert not e.is_leader and sidelease.inspect(db)["state"] == "free"
+
+    async def main() -> None:
+        with pytest.raises(TypeError, match="work"):
+            await sidelease.lead(db, 5)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="stop"):
+            await sidelease.lead(db, asyncio.sleep, stop=True)  # type: ignore[arg-type]
+
+    asyncio.run(main())
+    assert sidelease.inspect(db)["state"] == "free"
 
 
 # A process started in the background (CI's job) inherits SIGINT ignored,

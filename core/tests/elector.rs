@@ -6,6 +6,7 @@
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -256,6 +257,33 @@ fn run_leads_until_stopped_and_a_bad_target_is_an_error_naming_it() {
     match Elector::new("postgres:/nohost", &Options::new()) {
         Err(Error::InvalidArgument { .. }) => {}
         other => panic!("a mistyped URL: {:?}", other.is_ok()),
+    }
+    // A path that cannot name a lease file is a typo: returned at once,
+    // naming it, rather than retried behind error events.
+    let long = d.path().join("x".repeat(300));
+    let not_a_dir = d.path().join("plain");
+    std::fs::write(&not_a_dir, "").unwrap();
+    for bad in [
+        d.path().join("missing/app.db"),
+        not_a_dir.join("app.db"),
+        long,
+    ] {
+        let e = Elector::new(&bad, &Options::new()).unwrap();
+        let errors = Arc::new(AtomicUsize::new(0));
+        let n = errors.clone();
+        e.on_event(move |ev| {
+            if let Event::Error { .. } = ev {
+                n.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+        match e.campaign() {
+            Err(err @ Error::Io { .. }) => {
+                let parent = bad.parent().unwrap().to_string_lossy();
+                assert!(err.to_string().contains(&*parent), "{err}")
+            }
+            other => panic!("{}: {:?}", bad.display(), other.map(|t| t.is_some())),
+        }
+        assert_eq!(errors.load(Ordering::SeqCst), 0, "{}", bad.display());
     }
 }
 

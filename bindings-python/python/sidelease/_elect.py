@@ -73,6 +73,7 @@ class Elector:
         split_guard: bool = True,
         watch: bool = True,
     ) -> None:
+        _check_callable("on_event", on_event, optional=True)
         # The native elector keeps its listener: one without a reference
         # back to this object, which could otherwise never be collected.
         self._event = _Events(on_event)
@@ -125,6 +126,7 @@ class Elector:
         ``work`` must return once ``term.cancelled`` is set (``term.wait()``
         blocks until then). KeyboardInterrupt stops the elector and
         propagates."""
+        _check_callable("work", work)
         while True:
             term = self.campaign()
             if term is None:
@@ -143,6 +145,7 @@ class Elector:
 
     def start(self, work: Callable[[Term], Any]) -> "Elector":
         """:meth:`run` on a daemon thread; :meth:`stop` ends it."""
+        _check_callable("work", work)
         if self._thread is not None:
             raise RuntimeError("this elector was started already")
         self._thread = threading.Thread(
@@ -178,6 +181,12 @@ class _Events:
                 self.on_event(kind, info)
             except Exception:
                 log.exception("on_event(%r) raised", kind)
+
+
+def _check_callable(name: str, f: Any, optional: bool = False) -> None:
+    if (f is None and optional) or callable(f):
+        return
+    raise TypeError(f"{name}: must be callable{' or None' if optional else ''}, not {type(f).__name__}")
 
 
 def _describe(e: BaseException) -> str:
@@ -272,6 +281,7 @@ class leadership:
     the campaign-again loop use :func:`lead`."""
 
     def __init__(self, target: Target, *, on_event: Optional[OnEvent] = None, **options: Any) -> None:
+        _check_callable("on_event", on_event, optional=True)
         self._target = target
         self._on_event = on_event
         self._options = options
@@ -321,6 +331,10 @@ async def lead(
     it ends by itself, returning or raising, the process steps down and
     campaigns again. Returns once ``stop`` is set; cancelling the call
     cancels the work and steps down. ``on_event`` runs on the loop."""
+    _check_callable("work", work)
+    _check_callable("on_event", on_event, optional=True)
+    if stop is not None and not isinstance(stop, asyncio.Event):
+        raise TypeError(f"stop: must be an asyncio.Event or None, not {type(stop).__name__}")
     loop = asyncio.get_running_loop()
     elector = Elector(target, on_event=_in_loop(loop, on_event), **options)
     stopper: Optional[asyncio.Task[Any]] = None

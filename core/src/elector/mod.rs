@@ -165,6 +165,7 @@ impl Inner {
 /// Campaigns for one lease, again and again, until stopped.
 pub struct Elector {
     target: PathBuf,
+    engine: Engine,
     options: Options,
     inner: Arc<Inner>,
 }
@@ -180,11 +181,12 @@ impl Elector {
         if target.as_os_str().is_empty() {
             return Err(Error::invalid("target", "is empty"));
         }
-        Engine::of(&target)?;
+        let engine = Engine::of(&target)?;
         let stop = CancelToken::new()
             .map_err(|e| Error::io("CancelToken::new", Path::new(&Engine::shown(&target)), e))?;
         Ok(Elector {
             target,
+            engine,
             options,
             inner: Arc::new(Inner {
                 state: Mutex::new(State::default()),
@@ -208,7 +210,8 @@ impl Elector {
     /// Wait until elected (`Some`), or stopped (`None`). An error the
     /// elector can retry (a server that refuses connections, a file system
     /// error) is told as [`Event::Error`] and retried after the back-off;
-    /// an invalid argument or an unsupported file system is returned. A
+    /// an invalid argument, an unsupported file system or a lease file's
+    /// path that cannot name a file (a missing parent) is returned. A
     /// back-off left by the previous term (work that failed) is slept
     /// first. One campaign or term at a time: a second is an invalid
     /// argument.
@@ -249,7 +252,7 @@ impl Elector {
             let lease = match waited {
                 Ok(l) => l,
                 Err(Error::Cancelled { .. }) => return Ok(None),
-                Err(e) if fatal(&e) => return Err(e),
+                Err(e) if fatal(&e, self.engine) => return Err(e),
                 Err(e) => {
                     let failures = {
                         let mut st = inner.state();
@@ -365,9 +368,11 @@ impl Elector {
     }
 }
 
+/// A dropped elector is stopped: its term's work is cancelled too (the term
+/// itself outlives it and still steps down).
 impl Drop for Elector {
     fn drop(&mut self) {
-        self.inner.stop.cancel();
+        self.stop();
     }
 }
 
@@ -382,12 +387,20 @@ fn fence(lease: &crate::lease::Lease) -> Option<Duration> {
     }
 }
 
-/// Errors no retry can mend.
-fn fatal(e: &Error) -> bool {
-    matches!(
-        e,
-        Error::InvalidArgument { .. } | Error::UnsupportedFilesystem { .. }
-    )
+/// Errors no retry can mend: a bad argument, an unsupported file system,
+/// and a lease file's path that cannot name a file (a missing or
+/// non-directory parent, a name too long) — a typo, which a retry would
+/// hide behind error events. A PostgreSQL target's errors are its server's
+/// and are retried.
+fn fatal(e: &Error, engine: Engine) -> bool {
+    match e {
+        Error::InvalidArgument { .. } | Error::UnsupportedFilesystem { .. } => true,
+        Error::Io { source, .. } if engine == Engine::File => matches!(
+            source.raw_os_error(),
+            Some(libc::ENOENT | libc::ENOTDIR | libc::ENAMETOOLONG | libc::ELOOP)
+        ),
+        _ => false,
+    }
 }
 
 pub fn backoff(failures: u32) -> Duration {
