@@ -96,6 +96,7 @@ module.exports = function electors(core) {
     run(work) {
       if (work !== undefined && typeof work !== 'function') throw typeError('work', 'a function', work);
       if (this.#running) throw invalidArgument('elector', 'is running already (one loop per elector)');
+      if (this.#final) return Promise.resolve(); // stopped, and closed
       this.#running = this.#loop(work);
       return this.#running;
     }
@@ -112,6 +113,7 @@ module.exports = function electors(core) {
         this.#stopped = true;
         call(native.electorStop, this.#id);
         if (this.#controller && !this.#controller.signal.aborted) this.#controller.abort(stoppedError());
+        if (!this.#running) this.#close(); // never run: nothing else will
       }
       return this.#running ? this.#running.then(() => undefined, () => undefined) : Promise.resolve();
     }
@@ -130,13 +132,15 @@ module.exports = function electors(core) {
         }
       } finally {
         this.#running = null;
-        if (this.#stopped) {
-          // Closing frees the native elector and its listener (this object).
-          this.#final = JSON.parse(call(native.electorSnapshot, this.#id));
-          native.electorClose(this.#id);
-          this.#tell('stopped', {});
-        }
+        if (this.#stopped) this.#close();
       }
+    }
+
+    // Closing frees the native elector and its listener (this object).
+    #close() {
+      this.#final = JSON.parse(call(native.electorSnapshot, this.#id));
+      native.electorClose(this.#id);
+      this.#tell('stopped', {});
     }
 
     async #term(termId, lease, work) {

@@ -281,6 +281,26 @@ describe('leader election in one process', () => {
     assert.throws(() => e.run(7), TypeError);
     e.stop();
   });
+
+  test('an elector stopped before it ran is closed at once; a path that names no file is refused', async () => {
+    const db = path.join(tmpdir(), 'app.db');
+    const e = new sidelease.Elector(db);
+    const said = [];
+    e.on('stopped', () => said.push('stopped'));
+    await e.stop();
+    assert.deepEqual(said, ['stopped'], 'closed, and told, without a loop');
+    assert.equal(e.snapshot.leading, false);
+    let ran = 0;
+    await withTimeout(e.run(async () => ran++), STEP, 'run after stop');
+    assert.equal(ran, 0);
+    assert.equal(sidelease.inspect(db).state, 'free');
+    const missing = path.join(tmpdir(), 'missing', 'app.db');
+    const retried = [];
+    const m = new sidelease.Elector(missing);
+    m.on('retrying', (info) => retried.push(info));
+    await assert.rejects(withTimeout(m.run(), STEP, 'run'), (err) => err.code === 'SIDELEASE_IO' && err.message.includes('missing'));
+    assert.deepEqual(retried, []);
+  });
 });
 
 
