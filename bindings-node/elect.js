@@ -51,6 +51,9 @@ module.exports = function electors(core) {
       let signal;
       if (options !== undefined && options !== null) {
         if (typeof options !== 'object' || Array.isArray(options)) throw typeError('options', 'an object', options);
+        if (options.onWaiting !== undefined) {
+          throw invalidArgument('options.onWaiting', "an elector tells who it waits for as 'waiting' events: listen to them");
+        }
         if (options.timeout !== undefined) {
           throw invalidArgument('options.timeout', 'an elector waits until it is elected or stopped; stop it with options.signal');
         }

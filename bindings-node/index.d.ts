@@ -21,9 +21,23 @@ export interface AcquireOptions {
   watch?: boolean;
 }
 
+/** Who a wait waits for (told when it starts and whenever the holder changes). */
+export interface WaitingInfo {
+  holder: HolderRecord | null;
+  holders: number[];
+  message: string;
+}
+
 export interface AcquireAsyncOptions extends AcquireOptions {
   /** Aborting rejects the wait with an AbortError; nothing stays held. */
   signal?: AbortSignal;
+  /**
+   * Called with who holds the lease, once the wait starts and whenever the
+   * holder changes (never per wake-up); also published on the
+   * `sidelease:waiting` diagnostics channel. Throwing ends the wait with
+   * that error.
+   */
+  onWaiting?: (info: WaitingInfo) => void;
 }
 
 /** The holder record (schema 1) as written in the lease file. */
@@ -160,7 +174,7 @@ export declare class SideleaseError extends Error {
 }
 
 /** An elector's options: acquireAsync's without `timeout`; `signal` stops it. */
-export interface ElectorOptions extends Omit<AcquireAsyncOptions, 'timeout'> {
+export interface ElectorOptions extends Omit<AcquireAsyncOptions, 'timeout' | 'onWaiting'> {
   timeout?: never;
 }
 
@@ -182,7 +196,7 @@ export type SteppedDownWhy = 'lost' | 'released' | 'stopped' | 'error';
 /** The events, also published on `diagnostics_channel` as `sidelease:<event>`. */
 export interface ElectorEvents {
   /** Campaigning while `holder` holds it: at the start and whenever the holder changes. */
-  waiting: [info: { holder: HolderRecord | null; holders: number[]; message: string }];
+  waiting: [info: WaitingInfo];
   elected: [info: { generation: number | null; lease: Lease; signal: AbortSignal }];
   lost: [info: { reason: string | undefined; error: SideleaseError }];
   'stepped-down': [info: { why: SteppedDownWhy; detail: string; error: unknown }];

@@ -96,7 +96,7 @@ function targetArg(target) {
   return target;
 }
 
-const OPTION_NAMES = new Set(['timeout', 'suffix', 'metadata', 'allowUnsupportedFs', 'splitGuard', 'watch', 'signal']);
+const OPTION_NAMES = new Set(['timeout', 'suffix', 'metadata', 'allowUnsupportedFs', 'splitGuard', 'watch', 'signal', 'onWaiting']);
 
 function invalidArgument(argument, message) {
   return new SideleaseError(`invalid argument \`${argument}\`: ${message}`, {
@@ -171,6 +171,8 @@ function nativeOptions(options) {
     out.watch = watch;
   }
   if (signal !== undefined && !(signal instanceof AbortSignal)) throw typeError('options.signal', 'an AbortSignal', signal);
+  const { onWaiting } = options;
+  if (onWaiting !== undefined && typeof onWaiting !== 'function') throw typeError('options.onWaiting', 'a function', onWaiting);
   return out;
 }
 
@@ -180,6 +182,9 @@ function nativeOptions(options) {
 // field reads the same before and after release, whatever was read before.
 const NEW_LEASE = Symbol('sidelease.newLease');
 const { isMainThread } = require('node:worker_threads');
+const diagnostics = require('node:diagnostics_channel');
+
+const waitingChannel = diagnostics.channel('sidelease:waiting');
 // This environment's number: a worker's handles are released, and its
 // waits cancelled, when the worker is torn down.
 const ENV = native.envOpen(isMainThread);
@@ -372,6 +377,9 @@ function acquire(target, options) {
   const t = targetArg(target);
   const o = nativeOptions(options);
   if (options && options.signal) throw typeError('options.signal', 'used with acquireAsync only', options.signal);
+  if (options && options.onWaiting) {
+    throw typeError('options.onWaiting', 'used with acquireAsync only (acquire blocks the event loop while it waits)', options.onWaiting);
+  }
   try {
     return new Lease(NEW_LEASE, native.acquire(ENV, t, o));
   } catch (err) {
@@ -388,8 +396,30 @@ async function acquireAsync(target, options) {
   const cancel = new native.CancelHandle();
   const onAbort = () => cancel.cancel();
   if (signal) signal.addEventListener('abort', onAbort, { once: true });
+  // Who the wait waits for: to options.onWaiting and the sidelease:waiting
+  // channel, once it starts and whenever the holder changes. A throwing
+  // onWaiting ends the wait with its error.
+  const onWaiting = options && options.onWaiting;
+  let thrown = null;
+  const tell = onWaiting || waitingChannel.hasSubscribers
+    ? (json) => {
+        const { kind, ...info } = JSON.parse(json);
+        if (waitingChannel.hasSubscribers) waitingChannel.publish(info);
+        if (!onWaiting || thrown) return;
+        try {
+          onWaiting(info);
+        } catch (err) {
+          thrown = { err };
+          cancel.cancel();
+        }
+      }
+    : undefined;
   try {
-    const lease = new Lease(NEW_LEASE, await native.acquireAsync(ENV, t, o, cancel));
+    const lease = new Lease(NEW_LEASE, await native.acquireAsync(ENV, t, o, cancel, tell));
+    if (thrown) {
+      lease.release(); // the caller's onWaiting failed: nothing is held
+      throw thrown.err;
+    }
     // The abort came after the native side had the lease but before the
     // promise settled: the caller asked for nothing to be held.
     if (signal && signal.aborted) {
@@ -402,6 +432,7 @@ async function acquireAsync(target, options) {
     }
     return lease;
   } catch (err) {
+    if (thrown) throw thrown.err;
     const e = fromNative(err);
     if (e.code === 'ABORT_ERR' && signal) e.cause = signal.reason;
     throw e;

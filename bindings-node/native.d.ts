@@ -15,9 +15,10 @@ export declare function acquire(env: number, target: string, options?: NativeOpt
 
 /**
  * The handle's number, once acquired. A wait of an environment that is
- * torn down (a terminated worker) is cancelled.
+ * torn down (a terminated worker) is cancelled. `onWaiting(json)` hears
+ * who holds the lease: once the wait starts and whenever that changes.
  */
-export declare function acquireAsync(env: number, target: string, options: NativeOptions | undefined | null, cancel: CancelHandle): Promise<number>
+export declare function acquireAsync(env: number, target: string, options: NativeOptions | undefined | null, cancel: CancelHandle, onWaiting?: EventCallback | undefined | null): Promise<number>
 
 /** 'held', 'unlinked' or 'replaced'. */
 export declare function check(handle: number): string

@@ -18,7 +18,7 @@ use crate::lease::{keep, options, NativeOptions};
 
 /// Weak (never keeps the loop alive): the event as JSON text, its kind in
 /// `kind`.
-type EventCallback = ThreadsafeFunction<String, (), String, Status, false, true, 0>;
+pub(crate) type EventCallback = ThreadsafeFunction<String, (), String, Status, false, true, 0>;
 
 #[derive(Default)]
 struct Table {
@@ -40,20 +40,24 @@ fn elector(id: u32) -> Result<Arc<Elector>> {
         .ok_or_else(|| invalid("elector", "this elector was closed"))
 }
 
+/// Who a wait waits for, as JSON (kind "waiting"): an elector's campaign
+/// and `acquireAsync`'s `onWaiting` tell the same.
+pub(crate) fn waiting_json(c: &sidelease::Contention) -> String {
+    serde_json::json!({
+        "kind": "waiting",
+        "holder": c.holder.as_ref().map(|r| serde_json::from_str::<serde_json::Value>(&r.to_json()).ok()),
+        "holders": c.holders,
+        "message": c.to_string(),
+    })
+    .to_string()
+}
+
 /// What JS is told of an event, as JSON; `None` for the events index.js
 /// tells itself (elected, lost, stepped down, stopped: it sees them as
 /// they happen, with the lease and its signal).
 fn event_json(e: &Event) -> Option<String> {
     match e {
-        Event::Waiting(c) => Some(
-            serde_json::json!({
-                "kind": "waiting",
-                "holder": c.holder.as_ref().map(|r| serde_json::from_str::<serde_json::Value>(&r.to_json()).ok()),
-                "holders": c.holders,
-                "message": c.to_string(),
-            })
-            .to_string(),
-        ),
+        Event::Waiting(c) => Some(waiting_json(c)),
         Event::Error { error, retry_in } => Some(
             serde_json::json!({
                 "kind": "retrying",

@@ -11,6 +11,9 @@ use sidelease::Pending;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::Notify;
 
+use napi::threadsafe_function::ThreadsafeFunctionCallMode;
+
+use crate::elector::{waiting_json, EventCallback};
 use crate::error::to_js_async;
 use crate::handles;
 use crate::lease::{keep, options, NativeOptions};
@@ -61,13 +64,15 @@ impl AsRawFd for WatchFd {
 }
 
 /// The handle's number, once acquired. A wait of an environment that is
-/// torn down (a terminated worker) is cancelled.
+/// torn down (a terminated worker) is cancelled. `onWaiting(json)` hears
+/// who holds the lease: once the wait starts and whenever that changes.
 #[napi]
 pub async fn acquire_async(
     env: u32,
     target: String,
     options: Option<NativeOptions>,
     cancel: &CancelHandle,
+    on_waiting: Option<EventCallback>,
 ) -> napi::Result<f64> {
     let opts = self::options(options)
         .map_err(|e| napi::Error::new(napi::Status::GenericFailure, e.reason))?;
@@ -80,10 +85,17 @@ pub async fn acquire_async(
     }
     let deadline = p.deadline();
     let mut watch: Option<AsyncFd<WatchFd>> = None;
+    let mut told = None;
     loop {
         if let Some(lease) = p.try_acquire().map_err(to_js_async)? {
             return keep(env, lease)
                 .map_err(|e| napi::Error::new(napi::Status::GenericFailure, e.reason));
+        }
+        if let Some(tell) = on_waiting.as_ref().filter(|_| p.waits()) {
+            if let Some(c) = p.holder_changed(&mut told) {
+                // A closed callback (its environment torn down) is told nothing.
+                let _ = tell.call(waiting_json(c), ThreadsafeFunctionCallMode::NonBlocking);
+            }
         }
         let now = Instant::now();
         let remaining = match deadline {

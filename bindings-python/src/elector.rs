@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
 
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::PyDict;
 use sidelease::elector::{Elector as CoreElector, Ended, Event, Outcome, Term as CoreTerm};
 
 use crate::args::Target;
@@ -26,16 +26,7 @@ const SIGNAL_CHECK: Duration = Duration::from_millis(50);
 fn event_info<'py>(py: Python<'py>, e: &Event) -> PyResult<(&'static str, Bound<'py, PyDict>)> {
     let d = PyDict::new(py);
     let kind = match e {
-        Event::Waiting(c) => {
-            let holder = match &c.holder {
-                Some(r) => crate::json::loads(py, &r.to_json())?.unbind(),
-                None => py.None(),
-            };
-            d.set_item("holder", holder)?;
-            d.set_item("holders", PyList::new(py, &c.holders)?)?;
-            d.set_item("message", c.to_string())?;
-            "waiting"
-        }
+        Event::Waiting(c) => return Ok(("waiting", crate::progress::waiting_info(py, c)?)),
         Event::Elected { generation } => {
             d.set_item("generation", *generation)?;
             "elected"

@@ -60,9 +60,11 @@ pub fn options(
 /// None waits forever. The GIL is released while trying (a first look at
 /// `/proc/locks` can take milliseconds) and while waiting; Ctrl-C ends a
 /// wait with KeyboardInterrupt, and `cancel` (a CancelToken) from another
-/// thread with LeaseCancelled.
+/// thread with LeaseCancelled. `on_waiting(info)` hears who holds the lease
+/// once a wait starts and whenever that changes (as the `sidelease` logger
+/// does at INFO); an exception it raises ends the wait.
 #[pyfunction]
-#[pyo3(signature = (target, *, timeout=Seconds::ONE_ATTEMPT, suffix=sidelease::DEFAULT_SUFFIX, metadata=None, allow_unsupported_fs=false, split_guard=true, watch=true, cancel=None))]
+#[pyo3(signature = (target, *, timeout=Seconds::ONE_ATTEMPT, suffix=sidelease::DEFAULT_SUFFIX, metadata=None, allow_unsupported_fs=false, split_guard=true, watch=true, cancel=None, on_waiting=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn acquire(
     py: Python<'_>,
@@ -74,7 +76,9 @@ pub fn acquire(
     split_guard: bool,
     watch: bool,
     cancel: Option<PyRef<'_, CancelToken>>,
+    on_waiting: Option<Bound<'_, PyAny>>,
 ) -> PyResult<Lease> {
+    let on_waiting = crate::progress::callback(on_waiting)?;
     let opts = options(
         py,
         timeout.0,
@@ -87,6 +91,7 @@ pub fn acquire(
     let mut p = CorePending::new(&target.0, &opts).py(py)?;
     let deadline = p.deadline();
     let token = cancel.map(|c| c.inner.clone());
+    let mut told = None;
     loop {
         if token.as_ref().is_some_and(|t| t.is_cancelled()) {
             return Err(sidelease::Error::Cancelled {
@@ -97,6 +102,7 @@ pub fn acquire(
         if let Some(lease) = py.detach(|| p.try_acquire()).py(py)? {
             return Ok(Lease::new(lease));
         }
+        crate::progress::tell(py, &p, &mut told, on_waiting.as_ref())?;
         let now = Instant::now();
         let remaining = match deadline {
             Some(d) if now >= d => return Err(p.contention_error(p.waits())).py(py),

@@ -8,6 +8,7 @@ mod error;
 mod json;
 mod lease;
 mod pending;
+mod progress;
 mod watch;
 
 use pyo3::prelude::*;

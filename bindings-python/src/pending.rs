@@ -14,6 +14,8 @@ use crate::lease::{options, Lease};
 #[pyclass(module = "sidelease._native", frozen)]
 pub struct Pending {
     inner: Mutex<Option<CorePending>>,
+    /// The holder told last (`tell_waiting`).
+    told: Mutex<Option<sidelease::Contention>>,
 }
 
 impl Pending {
@@ -60,6 +62,18 @@ impl Pending {
         let p = CorePending::new(&target.0, &opts).py(py)?;
         Ok(Pending {
             inner: Mutex::new(Some(p)),
+            told: Mutex::new(None),
+        })
+    }
+
+    /// After an attempt that failed: tell `on_waiting` and the logger of a
+    /// holder not told before (nothing when nobody listens).
+    #[pyo3(signature = (on_waiting=None))]
+    fn tell_waiting(&self, py: Python<'_>, on_waiting: Option<Bound<'_, PyAny>>) -> PyResult<()> {
+        let on_waiting = crate::progress::callback(on_waiting)?;
+        self.with(py, |p| {
+            let mut told = self.told.lock().unwrap_or_else(|e| e.into_inner());
+            crate::progress::tell(py, p, &mut told, on_waiting.as_ref())
         })
     }
 

@@ -127,15 +127,8 @@ impl Pending {
                 return Ok(lease);
             }
             if let Some(report) = progress.as_mut() {
-                // Only a holder someone can name: a young file's grace, or a
-                // look in between, finds none, and "another process" would
-                // be a guess.
-                if let Error::InUse(c) = self.contention_error(false) {
-                    let named = c.holder.is_some() || !c.holders.is_empty();
-                    if named && !told.as_ref().is_some_and(|t| same_holder(t, &c)) {
-                        report(&c);
-                        told = Some(*c);
-                    }
+                if let Some(c) = self.holder_changed(&mut told) {
+                    report(c);
                 }
             }
             let now = Instant::now();
@@ -149,6 +142,23 @@ impl Pending {
                 self.woke();
             }
         }
+    }
+
+    /// After an attempt that failed: the holder, if it is named and not
+    /// the one in `told` (which then becomes it). For bindings that loop
+    /// themselves and report as `wait_reporting` does. Only a holder
+    /// someone can name: a young file's grace, or a look in between, finds
+    /// none, and "another process" would be a guess.
+    pub fn holder_changed<'t>(&self, told: &'t mut Option<Contention>) -> Option<&'t Contention> {
+        let Error::InUse(c) = self.contention_error(false) else {
+            return None;
+        };
+        let named = c.holder.is_some() || !c.holders.is_empty();
+        if !named || told.as_ref().is_some_and(|t| same_holder(t, &c)) {
+            return None;
+        }
+        *told = Some(*c);
+        told.as_ref()
     }
 
     /// Sleep until the wait descriptor fires (true), the time passes

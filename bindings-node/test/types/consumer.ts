@@ -8,6 +8,10 @@ export async function use(db: string): Promise<number | null> {
   const signal: AbortSignal = lease.signal;
   lease.release();
   const again = await acquireAsync(new URL(`file://${db}`), { timeout: null, signal });
+  const named = await acquireAsync(db, { timeout: 1000, onWaiting: (w) => { const pids: number[] = w.holders; void pids; } });
+  named.release();
+  // @ts-expect-error a sync acquire blocks the loop: it reports no progress
+  acquire(db, { timeout: 1, onWaiting: () => {} });
   const asked: Promise<void> = again.ensureHeldNow();
   await asked;
   const info = inspect(db);

@@ -16,7 +16,7 @@ import asyncio
 import os
 import sys
 import time
-from typing import Any, Dict, Optional, Union
+from typing import Any, Callable, Dict, Optional, Union
 
 from . import _native
 from ._errors import (
@@ -65,13 +65,17 @@ async def acquire_async(
     allow_unsupported_fs: bool = False,
     split_guard: bool = True,
     watch: bool = True,
+    on_waiting: Optional[Callable[[Dict[str, Any]], Any]] = None,
 ) -> Lease:
     """Acquire like :func:`acquire`, waiting without blocking the event loop.
 
     The wait needs no thread: the loop watches the kernel's notification
     descriptor for the lease file. Cancelling the task cancels the wait and
-    leaves nothing held.
+    leaves nothing held. ``on_waiting(info)`` is called on the loop, as with
+    :func:`acquire`.
     """
+    if on_waiting is not None and not callable(on_waiting):
+        raise TypeError(f"on_waiting: must be callable or None, not {type(on_waiting).__name__}")
     pending = _native.Pending(
         target,
         timeout=timeout,
@@ -88,6 +92,7 @@ async def acquire_async(
             lease = pending.try_acquire()
             if lease is not None:
                 return lease
+            pending.tell_waiting(on_waiting)
             remaining = pending.remaining()
             if remaining is not None and remaining <= 0:
                 raise pending.error(timeout != 0)

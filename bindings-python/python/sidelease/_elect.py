@@ -45,6 +45,17 @@ def _log_event(target: str, kind: str, info: Dict[str, Any]) -> None:
         log.info("stopped campaigning for %s", target)
 
 
+def _waiting_logged() -> bool:
+    return log.isEnabledFor(logging.INFO)
+
+
+def _tell_waiting(target: str, info: Dict[str, Any], on_waiting: Optional[Callable[[Dict[str, Any]], Any]]) -> None:
+    """A plain wait's holder, found changed: to the logger and the callback."""
+    log.info("waiting for %s: %s", target, info["message"])
+    if on_waiting is not None:
+        on_waiting(info)
+
+
 class Elector:
     """Campaigns for the lease of ``target`` again and again, until stopped.
 

@@ -1,0 +1,128 @@
+"""A wait that names who it waits for: `on_waiting` (acquire and
+acquire_async) and the `sidelease` logger at INFO, once when the wait
+starts and again whenever the holder changes, never per wake-up."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from typing import Any, Dict, List
+
+import pytest
+
+import sidelease
+
+from conftest import Holder
+
+# A holder that is no sidelease process: it locks the lease file and hands
+# the lock on to a `sleep` it starts (the same open file), then exits when
+# told: the holder changes without the lock ever being free.
+HAND_ON = textwrap.dedent(
+    """
+    import fcntl, os, subprocess, sys
+    f = open(sys.argv[1], "a")
+    fcntl.flock(f, fcntl.LOCK_EX)
+    child = subprocess.Popen(["sleep", "60"], pass_fds=[f.fileno()])
+    print(child.pid, flush=True)
+    sys.stdin.readline()
+    """
+)
+
+
+def test_a_wait_names_its_holder_once_and_again_when_it_changes(tmp_path: Any) -> None:
+    db = str(tmp_path / "app.db")
+    a = subprocess.Popen([sys.executable, "-c", HAND_ON, db + ".backend-lease"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert a.stdout is not None and a.stdin is not None
+    sleeper = int(a.stdout.readline())
+    heard: List[Dict[str, Any]] = []
+    got: List[Any] = []
+    t0 = time.monotonic()
+    waiter = threading.Thread(target=lambda: got.append(sidelease.acquire(db, timeout=20, on_waiting=heard.append)))
+    waiter.start()
+    try:
+        deadline = time.monotonic() + 5
+        while not heard and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert heard, "named the holder"
+        assert time.monotonic() - t0 < 1, "within 1 s of starting to wait"
+        assert a.pid in heard[0]["holders"], heard
+        assert heard[0]["holder"] is None  # no record: a guess would be wrong
+        assert str(a.pid) in heard[0]["message"]
+        time.sleep(0.5)
+        assert len(heard) == 1, "nothing more while the holder stays"
+        a.stdin.write("\n")
+        a.stdin.flush()
+        a.wait(10)
+        deadline = time.monotonic() + 5
+        while len(heard) < 2 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert len(heard) == 2 and heard[1]["holders"] == [sleeper], heard
+        time.sleep(0.3)
+        assert len(heard) == 2, "once per holder"
+    finally:
+        os.kill(sleeper, 9)
+        if a.poll() is None:
+            a.kill()
+        a.wait(10)
+        waiter.join(20)
+    assert got and got[0].state == "held"
+    got[0].release()
+
+
+def test_the_callback_and_the_logger_hear_a_sidelease_holder(tmp_path: Any, caplog: Any) -> None:
+    caplog.set_level(logging.INFO, logger="sidelease")
+    db = str(tmp_path / "app.db")
+    h = Holder(db)
+    try:
+        heard: List[Dict[str, Any]] = []
+
+        async def main() -> sidelease.Lease:
+            task = asyncio.ensure_future(sidelease.acquire_async(db, timeout=10, on_waiting=heard.append))
+            while not heard:
+                await asyncio.sleep(0.005)
+            h.release()
+            return await task
+
+        lease = asyncio.run(main())
+        lease.release()
+        assert len(heard) == 1 and heard[0]["holder"]["pid"] == h.pid, heard
+        assert heard[0]["holder"]["metadata"] == {"role": "holder"}
+        lines = [r.getMessage() for r in caplog.records if r.name == "sidelease"]
+        assert len(lines) == 1 and lines[0].startswith(f"waiting for {db}: ") and str(h.pid) in lines[0], lines
+    finally:
+        h.close()
+
+
+def test_nothing_is_told_without_a_wait_and_a_raising_callback_ends_the_wait(tmp_path: Any) -> None:
+    db = str(tmp_path / "app.db")
+    heard: List[Dict[str, Any]] = []
+    sidelease.acquire(db, on_waiting=heard.append).release()  # free: no wait
+    h = Holder(db)
+    try:
+        with pytest.raises(sidelease.LeaseInUse):
+            sidelease.acquire(db, on_waiting=heard.append)  # one attempt: no wait either
+        assert heard == []
+
+        def boom(info: Dict[str, Any]) -> None:
+            raise RuntimeError("from on_waiting")
+
+        with pytest.raises(RuntimeError, match="from on_waiting"):
+            sidelease.acquire(db, timeout=10, on_waiting=boom)
+        with pytest.raises(RuntimeError, match="from on_waiting"):
+            asyncio.run(sidelease.acquire_async(db, timeout=10, on_waiting=boom))
+        with pytest.raises(TypeError, match="on_waiting"):
+            sidelease.acquire(db, timeout=1, on_waiting=5)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="on_waiting"):
+            asyncio.run(sidelease.acquire_async(db, timeout=1, on_waiting=5))  # type: ignore[arg-type]
+        h.release()
+        # Nothing was left held by the raised waits.
+        sidelease.acquire(db).release()
+    finally:
+        h.close()
