@@ -18,7 +18,7 @@ import pytest
 
 import sidelease
 
-from conftest import Holder
+from conftest import Holder, pg_url
 
 # A holder that is no sidelease process: it locks the lease file and hands
 # the lock on to a `sleep` it starts (the same open file), then exits when
@@ -124,5 +124,21 @@ def test_nothing_is_told_without_a_wait_and_a_raising_callback_ends_the_wait(tmp
         h.release()
         # Nothing was left held by the raised waits.
         sidelease.acquire(db).release()
+    finally:
+        h.close()
+
+
+def test_a_postgresql_wait_names_the_holder_from_its_row(tmp_path: Any) -> None:
+    url = pg_url("progress")
+    h = Holder(url)
+    try:
+        heard: List[Dict[str, Any]] = []
+        t0 = time.monotonic()
+        with pytest.raises(sidelease.LeaseTimeout):
+            sidelease.acquire(url, timeout=1.5, on_waiting=lambda i: heard.append(dict(i, at=time.monotonic() - t0)))
+        assert len(heard) == 1, heard
+        assert heard[0]["at"] < 1
+        assert heard[0]["holder"]["pid"] == h.pid and heard[0]["holder"]["metadata"] == {"role": "holder"}
+        assert "secret" not in heard[0]["message"]
     finally:
         h.close()

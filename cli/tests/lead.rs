@@ -552,3 +552,64 @@ fn lead_refuses_to_ignore_a_loss() {
         "{out:?}"
     );
 }
+
+/// A wait for a PostgreSQL lease names its holder, from the holder's row,
+/// within 1 s and once (the server grants a blocking waiter the lock
+/// itself, so a change of holder during the wait is not seen).
+#[test]
+fn a_postgresql_wait_names_the_holder_once() {
+    use std::io::{BufRead, BufReader};
+    let name = common::unique("wait");
+    let target = format!("{}?lease={name}", common::env("SIDELEASE_TEST_PG"));
+    let mut first = Lead(
+        Command::new(BIN)
+            .args(["hold", &target, "--", "sh", "-c", "echo READY; sleep 1.5"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut ready = String::new();
+    BufReader::new(first.0.stdout.take().unwrap())
+        .read_line(&mut ready)
+        .unwrap();
+    assert_eq!(ready.trim(), "READY");
+    let t0 = Instant::now();
+    let mut waiter = Lead(
+        Command::new(BIN)
+            .args(["hold", &target, "--timeout", "20", "--", "true"])
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let (tx, rx) = std::sync::mpsc::channel();
+    let err = BufReader::new(waiter.0.stderr.take().unwrap());
+    std::thread::spawn(move || {
+        for line in err.lines() {
+            let _ = tx.send((Instant::now(), line.unwrap()));
+        }
+    });
+    let (at, line) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert!(
+        at - t0 < Duration::from_secs(1),
+        "within 1 s: {:?}",
+        at - t0
+    );
+    assert!(
+        line.starts_with("sidelease: waiting: ")
+            && line.contains(&format!("is leased by pid {} (sidelease-cli", first.id())),
+        "{line}"
+    );
+    assert!(!line.contains("app-secret"), "no password: {line}");
+    assert_eq!(
+        wait_bounded(&mut waiter, Duration::from_secs(20)).code(),
+        Some(0)
+    );
+    assert!(
+        rx.try_iter()
+            .all(|(_, l)| !l.starts_with("sidelease: waiting: ")),
+        "once"
+    );
+}

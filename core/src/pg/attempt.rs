@@ -27,6 +27,8 @@ pub(crate) struct Slot {
 #[derive(Default)]
 struct SlotState {
     outcome: Option<Result<Lease>>,
+    /// Who the lock's holder is, as the server told it when the wait began.
+    waiting: Option<Contention>,
     /// The caller gave the acquisition up.
     abandoned: bool,
 }
@@ -50,6 +52,18 @@ impl Slot {
             return;
         }
         st.outcome = Some(outcome);
+        drop(st);
+        self.ring();
+    }
+
+    /// The wait begins: who holds the lock (told once; the caller's
+    /// `Pending` sees it on its next look).
+    pub(crate) fn waiting(&self, c: Contention) {
+        let mut st = self.state();
+        if st.abandoned || st.outcome.is_some() {
+            return;
+        }
+        st.waiting = Some(c);
         drop(st);
         self.ring();
     }
@@ -183,6 +197,17 @@ impl Attempt {
     }
 
     pub(crate) fn contention_error(&self, timed_out: bool) -> Error {
+        let waiting = match (&self.contention, self.ended) {
+            (None, false) => self.slot.state().waiting.clone().map(Box::new),
+            _ => None,
+        };
+        if let Some(c) = waiting {
+            return if timed_out {
+                Error::Timeout(c)
+            } else {
+                Error::InUse(c)
+            };
+        }
         if self.contention.is_none() && !self.ended {
             return super::conn::io_error(
                 &self.target,
@@ -254,6 +279,11 @@ impl crate::backend::Attempt for Attempt {
     }
     fn next_check(&mut self) -> Duration {
         Attempt::next_check(self)
+    }
+    /// The thread rang for a report (`Slot::waiting`): clear it, or the
+    /// descriptor would stay readable until the outcome.
+    fn woke(&mut self) {
+        self.slot.fd.drain();
     }
     fn elapsed(&self) -> Duration {
         Attempt::elapsed(self)

@@ -535,6 +535,19 @@ impl Run {
                 Error::Timeout(Box::new(c))
             });
         }
+        // Who the wait is for, once, from the row: only a row that is not
+        // released names the lock's holder (a new holder may not have
+        // written its own yet, and the old one would be a guess).
+        if let Ok(Some((Some(holder), false))) = super::inspect::holder_row(&conn.client, t).await {
+            self.slot.waiting(Contention {
+                target: PathBuf::from(&t.shown),
+                lease_path: PathBuf::from(&t.shown),
+                holder: Some(holder),
+                holders: Vec::new(),
+                record_note: None,
+                waited: self.started.elapsed(),
+            });
+        }
         self.wait(conn, pid, table).await
     }
 
