@@ -185,6 +185,25 @@ const { isMainThread } = require('node:worker_threads');
 const diagnostics = require('node:diagnostics_channel');
 
 const waitingChannel = diagnostics.channel('sidelease:waiting');
+// A plain lease's life, for whoever subscribes (an elector's terms publish
+// elected, lost and stepped-down instead): { lease, target } and, for a
+// loss, its reason and error. Only a lease acquired while sidelease:lost
+// has a subscriber is watched for it.
+const acquiredChannel = diagnostics.channel('sidelease:acquired');
+const releasedChannel = diagnostics.channel('sidelease:released');
+const lostChannel = diagnostics.channel('sidelease:lost');
+
+function announce(lease) {
+  if (acquiredChannel.hasSubscribers) acquiredChannel.publish({ lease, target: lease.target, generation: lease.generation });
+  if (lostChannel.hasSubscribers) {
+    const target = lease.target;
+    const signal = lease.signal;
+    signal.addEventListener('abort', () => {
+      lostChannel.publish({ lease, target, reason: signal.reason.reason, error: signal.reason });
+    }, { once: true });
+  }
+  return lease;
+}
 // This environment's number: a worker's handles are released, and its
 // waits cancelled, when the worker is torn down.
 const ENV = native.envOpen(isMainThread);
@@ -243,8 +262,10 @@ class Lease {
   /** Release this handle's share; a second call does nothing. */
   release() {
     if (this.#released) return;
+    const target = releasedChannel.hasSubscribers ? this.target : null;
     try {
       this.#facts = native.release(this.#id);
+      if (target !== null) releasedChannel.publish({ lease: this, target });
     } catch (err) {
       // A failed release still ends the handle (the core marks it first),
       // and what it learned stays readable.
@@ -381,7 +402,7 @@ function acquire(target, options) {
     throw typeError('options.onWaiting', 'used with acquireAsync only (acquire blocks the event loop while it waits)', options.onWaiting);
   }
   try {
-    return new Lease(NEW_LEASE, native.acquire(ENV, t, o));
+    return announce(new Lease(NEW_LEASE, native.acquire(ENV, t, o)));
   } catch (err) {
     throw fromNative(err);
   }
@@ -415,7 +436,7 @@ async function acquireAsync(target, options) {
       }
     : undefined;
   try {
-    const lease = new Lease(NEW_LEASE, await native.acquireAsync(ENV, t, o, cancel, tell));
+    const lease = announce(new Lease(NEW_LEASE, await native.acquireAsync(ENV, t, o, cancel, tell)));
     if (thrown) {
       lease.release(); // the caller's onWaiting failed: nothing is held
       throw thrown.err;

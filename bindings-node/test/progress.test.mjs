@@ -6,6 +6,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import diagnostics from 'node:diagnostics_channel';
+import fs from 'node:fs';
 import path from 'node:path';
 
 import * as sidelease from '../index.mjs';
@@ -63,5 +64,36 @@ test('nothing is told without a wait; a throwing onWaiting ends the wait; bad us
     sidelease.acquire(db).release(); // nothing was left held
   } finally {
     h.close();
+  }
+});
+
+test('a plain lease publishes acquired, released and lost on its channels', async () => {
+  const db = path.join(tmpdir(), 'app.db');
+  const heard = [];
+  const subs = ['acquired', 'released', 'lost'].map((n) => [`sidelease:${n}`, (msg) => heard.push([n, msg])]);
+  for (const [name, f] of subs) diagnostics.subscribe(name, f);
+  try {
+    const a = sidelease.acquire(db);
+    a.release();
+    a.release(); // a second release is nothing, and says nothing
+    const b = await sidelease.acquireAsync(db, { timeout: 1000 });
+    assert.deepEqual(heard.map(([n, m]) => [n, m.target, m.lease === a ? 'a' : m.lease === b ? 'b' : '?']),
+      [['acquired', db, 'a'], ['released', db, 'a'], ['acquired', db, 'b']]);
+    assert.equal(heard[0][1].generation, a.generation);
+    // Lost: a rival process's locked file renamed over the lease file (in
+    // this test's directory).
+    const rival = await Holder.start(path.join(path.dirname(db), 'rival.db'));
+    fs.renameSync(path.join(path.dirname(db), 'rival.db.backend-lease'), b.leasePath);
+    await withTimeout(new Promise((r) => (b.signal.aborted ? r() : b.signal.addEventListener('abort', r))), STEP, 'lost');
+    await sleep(10);
+    const lost = heard.filter(([n]) => n === 'lost');
+    assert.equal(lost.length, 1, JSON.stringify(heard.map(([n]) => n)));
+    assert.equal(lost[0][1].lease, b);
+    assert.equal(lost[0][1].error.code, 'SIDELEASE_LOST');
+    assert.equal(typeof lost[0][1].reason, 'string');
+    b.release();
+    rival.close();
+  } finally {
+    for (const [name, f] of subs) diagnostics.unsubscribe(name, f);
   }
 });

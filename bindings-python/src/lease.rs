@@ -100,6 +100,7 @@ pub fn acquire(
             .py(py);
         }
         if let Some(lease) = py.detach(|| p.try_acquire()).py(py)? {
+            crate::progress::tell_lease(py, "acquired", &lease)?;
             return Ok(Lease::new(lease));
         }
         crate::progress::tell(py, &p, &mut told, on_waiting.as_ref())?;
@@ -151,7 +152,12 @@ impl Lease {
     /// Release this handle's share (the last release of a lease records it
     /// and drops the lock). A second call does nothing.
     fn release(&self, py: Python<'_>) -> PyResult<()> {
-        self.inner.release().py(py)
+        let first = !self.inner.is_released();
+        self.inner.release().py(py)?;
+        if first {
+            crate::progress::tell_lease(py, "released", &self.inner)?;
+        }
+        Ok(())
     }
 
     /// "held", "unlinked" or "replaced": does the lease path still name the

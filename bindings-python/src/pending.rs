@@ -81,8 +81,12 @@ impl Pending {
     /// it. The GIL is released meanwhile (a first look at `/proc/locks`
     /// can take milliseconds).
     fn try_acquire(&self, py: Python<'_>) -> PyResult<Option<Lease>> {
-        self.with(py, |p| {
-            Ok(py.detach(|| p.try_acquire()).py(py)?.map(Lease::new))
+        self.with(py, |p| match py.detach(|| p.try_acquire()).py(py)? {
+            Some(lease) => {
+                crate::progress::tell_lease(py, "acquired", &lease)?;
+                Ok(Some(Lease::new(lease)))
+            }
+            None => Ok(None),
         })
     }
 

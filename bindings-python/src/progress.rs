@@ -1,6 +1,7 @@
 //! Who a wait waits for, told to Python: the info dict an elector's
 //! "waiting" event and `acquire(on_waiting=…)` share, and the `sidelease`
-//! logger's INFO line (`sidelease._elect._tell_waiting`).
+//! logger's INFO line (`sidelease._elect._tell_waiting`), and a plain
+//! lease's acquisition and release at INFO (`_tell_lease`).
 
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -31,7 +32,7 @@ pub fn wanted(py: Python<'_>, on_waiting: Option<&Bound<'_, PyAny>>) -> PyResult
     if on_waiting.is_some() {
         return Ok(true);
     }
-    let f = ENABLED.get_or_try_init(py, || helper(py, "_waiting_logged").map(Bound::unbind))?;
+    let f = ENABLED.get_or_try_init(py, || helper(py, "_info_logged").map(Bound::unbind))?;
     f.bind(py).call0()?.is_truthy()
 }
 
@@ -63,5 +64,24 @@ pub fn callback(f: Option<Bound<'_, PyAny>>) -> PyResult<Option<Bound<'_, PyAny>
             f.get_type().name()?
         ))),
         f => Ok(f),
+    }
+}
+
+/// "acquired" or "released", on the `sidelease` logger at INFO when it is
+/// enabled (one call to ask, otherwise).
+pub fn tell_lease(py: Python<'_>, kind: &'static str, lease: &sidelease::Lease) -> PyResult<()> {
+    if !wanted(py, None)? {
+        return Ok(());
+    }
+    let target = sidelease_shown(lease);
+    helper(py, "_tell_lease")?.call1((kind, target, lease.generation()))?;
+    Ok(())
+}
+
+fn sidelease_shown(lease: &sidelease::Lease) -> String {
+    // A PostgreSQL lease's path is its URL with the password masked.
+    match lease.is_postgres() {
+        true => lease.lease_path().to_string_lossy().into_owned(),
+        false => lease.target().to_string_lossy().into_owned(),
     }
 }

@@ -95,7 +95,9 @@ def test_the_callback_and_the_logger_hear_a_sidelease_holder(tmp_path: Any, capl
         assert len(heard) == 1 and heard[0]["holder"]["pid"] == h.pid, heard
         assert heard[0]["holder"]["metadata"] == {"role": "holder"}
         lines = [r.getMessage() for r in caplog.records if r.name == "sidelease"]
-        assert len(lines) == 1 and lines[0].startswith(f"waiting for {db}: ") and str(h.pid) in lines[0], lines
+        assert len(lines) == 3 and lines[0].startswith(f"waiting for {db}: ") and str(h.pid) in lines[0], lines
+        assert lines[1:] == [f"acquired {db} (generation {lease.generation})",
+                             f"released {db} (generation {lease.generation})"], lines
     finally:
         h.close()
 
@@ -142,3 +144,28 @@ def test_a_postgresql_wait_names_the_holder_from_its_row(tmp_path: Any) -> None:
         assert "secret" not in heard[0]["message"]
     finally:
         h.close()
+
+
+def test_a_plain_lease_is_logged_acquired_and_released_at_info(tmp_path: Any, caplog: Any) -> None:
+    db = str(tmp_path / "app.db")
+    sidelease.acquire(db).release()  # the logger is at WARNING: nothing
+    assert [r for r in caplog.records if r.name == "sidelease"] == []
+    caplog.set_level(logging.INFO, logger="sidelease")
+    lease = sidelease.acquire(db)
+    lease.release()
+    lease.release()  # a second release is nothing, and says nothing
+
+    async def main() -> None:
+        async with await sidelease.acquire_async(db, timeout=1):
+            pass
+
+    asyncio.run(main())
+    lines = [r.getMessage() for r in caplog.records if r.name == "sidelease"]
+    g = lease.generation
+    assert lines == [f"acquired {db} (generation {g})", f"released {db} (generation {g})",
+                     f"acquired {db} (generation {g + 1})", f"released {db} (generation {g + 1})"], lines
+    url = pg_url("logged")
+    caplog.clear()
+    sidelease.acquire(url).release()
+    lines = [r.getMessage() for r in caplog.records if r.name == "sidelease"]
+    assert len(lines) == 2 and lines[0].startswith("acquired postgresql://") and "secret" not in "".join(lines), lines

@@ -45,8 +45,13 @@ def _log_event(target: str, kind: str, info: Dict[str, Any]) -> None:
         log.info("stopped campaigning for %s", target)
 
 
-def _waiting_logged() -> bool:
+def _info_logged() -> bool:
     return log.isEnabledFor(logging.INFO)
+
+
+def _tell_lease(kind: str, target: str, generation: Optional[int]) -> None:
+    """A plain lease acquired or released (the logger at INFO is on)."""
+    log.info("%s %s (generation %s)", kind, target, generation)
 
 
 def _tell_waiting(target: str, info: Dict[str, Any], on_waiting: Optional[Callable[[Dict[str, Any]], Any]]) -> None:
