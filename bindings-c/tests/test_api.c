@@ -601,6 +601,67 @@ static void test_elector_in_process(void) {
     sidelease_elector_free(NULL);
 }
 
+/* A loss while leading: the LOST callback is told (from the watcher
+ * thread), the cancel descriptor fires, the term says LOST, and stepping
+ * down says why. The rival is a child that renames its locked file over the
+ * lease file and holds it until told. */
+static void test_elector_tells_a_loss(void) {
+    char db[512], lp[600], tmp[600];
+    path(db, "elect-lost.db");
+    snprintf(lp, sizeof lp, "%s.backend-lease", db);
+    path(tmp, "elect-lost.rival");
+    sidelease_elector *e = NULL;
+    EXPECT(sidelease_elector_new(db, NULL, &e), SIDELEASE_OK);
+    struct events_seen seen = {PTHREAD_MUTEX_INITIALIZER, {0}, ""};
+    EXPECT(sidelease_elector_on_event(e, on_event_cb, &seen), SIDELEASE_OK);
+    sidelease_term *t = NULL;
+    EXPECT(sidelease_elector_campaign(e, &t), SIDELEASE_OK);
+    CHECK(t != NULL);
+    int fd = -1;
+    EXPECT(sidelease_term_cancel_fd(t, &fd), SIDELEASE_OK);
+    int ready[2], done[2];
+    CHECK(pipe(ready) == 0 && pipe(done) == 0);
+    pid_t rival = fork();
+    if (rival == 0) {
+        int r = open(tmp, O_RDWR | O_CREAT, 0600);
+        if (r < 0 || flock(r, LOCK_EX) != 0 || rename(tmp, lp) != 0) _exit(3);
+        char c = 1;
+        if (write(ready[1], &c, 1) != 1) _exit(4);
+        if (read(done[0], &c, 1) < 0) _exit(5);
+        _exit(0);
+    }
+    char c = 0;
+    CHECK(read(ready[0], &c, 1) == 1);
+    CHECK(poll_readable(fd, 5000));
+    sidelease_term_state st = SIDELEASE_TERM_LEADING;
+    EXPECT(sidelease_term_check(t, &st), SIDELEASE_OK);
+    CHECK(st == SIDELEASE_TERM_LOST);
+    /* Told from the watcher thread, after the cancellation fired. */
+    int told = 0;
+    for (double until = now_s() + 5; !told && now_s() < until; usleep(1000)) {
+        pthread_mutex_lock(&seen.mu);
+        told = seen.count[SIDELEASE_ELECTOR_LOST];
+        pthread_mutex_unlock(&seen.mu);
+    }
+    CHECK(told == 1);
+    EXPECT(sidelease_term_step_down(t, NULL, &st), SIDELEASE_OK);
+    CHECK(st == SIDELEASE_TERM_LOST);
+    sidelease_term_free(t);
+    char *snap = NULL;
+    EXPECT(sidelease_elector_snapshot_json(e, &snap), SIDELEASE_OK);
+    CHECK(snap && strstr(snap, "\"losses\":1") && strstr(snap, "\"leading\":false"));
+    sidelease_string_free(snap);
+    CHECK(write(done[1], &c, 1) == 1);
+    int status = 0;
+    CHECK(waitpid(rival, &status, 0) == rival && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    close(ready[0]);
+    close(ready[1]);
+    close(done[0]);
+    close(done[1]);
+    EXPECT(sidelease_elector_stop(e), SIDELEASE_OK);
+    sidelease_elector_free(e);
+}
+
 /* A campaigner process: leads `db` again and again and, while leading,
  * holds an exclusive flock on `detector` (a second leader at the same
  * moment fails to take it and logs "overlap"). One line per event is
@@ -763,6 +824,7 @@ int main(void) {
     test_fork_child_does_not_keep_the_lease();
     test_watch_reanchors_and_signals_loss();
     test_elector_in_process();
+    test_elector_tells_a_loss();
     test_elector_killed_leaders_and_a_loss();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);

@@ -429,3 +429,56 @@ def test_a_wait_longer_than_the_clock_holds_waits_until_cancelled(db: str) -> No
     assert term.wait(1e300) is True
     assert term.wait(1e19) is True
     assert term.step_down() == ("stopped", "")
+
+
+RIVAL = """
+import fcntl, os, sys
+f = open(sys.argv[1], "w")
+fcntl.flock(f, fcntl.LOCK_EX)
+os.rename(sys.argv[1], sys.argv[2])
+print("renamed", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_loss_and_a_failing_campaign_are_logged_at_warning(tmp_path: Any, caplog: Any) -> None:
+    caplog.set_level(logging.INFO, logger="sidelease")
+    db = str(tmp_path / "app.db")
+    elector = sidelease.Elector(db)
+    elected = threading.Event()
+    ended: List[Optional[Tuple[str, str]]] = []
+
+    def work(term: sidelease.Term) -> None:
+        elected.set()
+        term.wait()
+        ended.append(term.cancelled)
+        elector.stop()
+
+    elector.start(work)
+    assert elected.wait(10)
+    rival = subprocess.Popen([sys.executable, "-c", RIVAL, str(tmp_path / "rival"), lease_path(db)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert rival.stdout is not None and rival.stdout.readline() == "renamed\n"
+        deadline = time.monotonic() + 5
+        while not ended and time.monotonic() < deadline:
+            time.sleep(0.01)
+        elector.stop(10)
+        assert ended and ended[0] is not None and ended[0][0] == "lost", ended
+    finally:
+        rival.kill()
+        rival.wait(10)
+    lost = [r for r in caplog.records if r.name == "sidelease" and r.getMessage().startswith("lost ")]
+    assert len(lost) == 1 and lost[0].levelno == logging.WARNING, caplog.text
+    # A server that refuses connections: each failed campaign at WARNING,
+    # with the back-off, and no password.
+    caplog.clear()
+    refused = sidelease.Elector("postgresql://app:app-secret@127.0.0.1:1/app?lease=refused")
+    refused.start(lambda term: None)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not any(r.getMessage().startswith("campaigning for") for r in caplog.records):
+        time.sleep(0.01)
+    refused.stop(10)
+    errors = [r for r in caplog.records if r.getMessage().startswith("campaigning for")]
+    assert errors and all(r.levelno == logging.WARNING for r in errors), caplog.text
+    assert "again in 0.1s" in errors[0].getMessage() and "app-secret" not in caplog.text

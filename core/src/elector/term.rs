@@ -94,9 +94,14 @@ impl Term {
         // After `Elected`, so that a lease lost already is told after it.
         let weak: Weak<Inner> = Arc::downgrade(&inner);
         let registered = term.lease().on_lost(move |l| {
-            cancel.fire(Ended::Lost(l.reason.clone()));
-            if let Some(i) = weak.upgrade() {
+            // Counted before the cancellation fires: the work that wakes
+            // on it reads a snapshot that has the loss.
+            let inner = weak.upgrade();
+            if let Some(i) = &inner {
                 i.state().snapshot.losses += 1;
+            }
+            cancel.fire(Ended::Lost(l.reason.clone()));
+            if let Some(i) = inner {
                 i.emit(&Event::Lost { reason: &l.reason });
             }
         });
