@@ -137,7 +137,9 @@ def failover_of(d: str, target: str, how: str, n: int) -> Dict[str, Any]:
     os.mkfifo(fifo)
     rfd = os.open(fifo, os.O_RDWR)  # never EOF, never blocks a writer's open
     reader = os.fdopen(rfd, "r", buffering=1)
-    if how in ("python elector", "python acquire"):
+    if how == "rust elector":
+        argv = [RUST, "campaign", target, fifo]
+    elif how in ("python elector", "python acquire"):
         # The Python forms: one process is leader and work (no command).
         argv = [sys.executable, str(BENCH / "py/failover.py"), how.split()[1], target, fifo]
     else:
@@ -192,7 +194,7 @@ def failovers(d: str, n: int) -> Dict[str, Any]:
     # predecessor that did not release: once with the default, once short.
     for kind, target, count in (("file", f"{d}/failover.db", n), ("PostgreSQL", pg, max(5, n // 3)),
                                 ("PostgreSQL, confirm_within=300", pg + "&confirm_within=300", max(5, n // 3))):
-        for how in ("lead", "hold", "python elector", "python acquire"):
+        for how in ("lead", "hold", "rust elector", "python elector", "python acquire"):
             out[f"{kind}: sidelease {how}"] = failover_of(d, target, how, count)
     return out
 
@@ -377,6 +379,10 @@ def targets(r: Dict[str, Any]) -> List[Tuple[str, str, str]]:
                      f"{lead['median_ns'] / 1e6:.1f} ms (p99 {lead['p99_ns'] / 1e6:.1f} ms; a plain `hold` waiter "
                      f"{hold['median_ns'] / 1e6:.1f} ms, {lead['median_ns'] / hold['median_ns']:.2f}×)",
                      verdict(lead["median_ns"] <= bound)))
+        re_ = f[f"{kind}: sidelease rust elector"]
+        rows.append((f"failover, SIGKILL of the leader → the next one's work runs, the core's Elector (Rust), {kind} target: "
+                     f"median ≤ {shown}", f"{re_['median_ns'] / 1e6:.2f} ms (p99 {re_['p99_ns'] / 1e6:.2f} ms)",
+                     verdict(re_["median_ns"] <= bound)))
         pe, pa = f[f"{kind}: sidelease python elector"], f[f"{kind}: sidelease python acquire"]
         rows.append((f"failover, SIGKILL of the leader → the next one's work runs, Python Elector, {kind} target: median ≤ {shown}",
                      f"{pe['median_ns'] / 1e6:.1f} ms (p99 {pe['p99_ns'] / 1e6:.1f} ms; a plain `acquire(timeout=None)` "

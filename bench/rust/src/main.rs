@@ -97,10 +97,30 @@ fn main() {
         }),
         "scale" => scale(target, n),
         "waiter" => return waiter(target),
+        "campaign" => return campaign(target, Path::new(&args[2])),
         "pg" => pg::run(&args[1], n),
         m => panic!("unknown mode {m}"),
     };
     println!("{out}");
+}
+
+/// A campaigner for bench.py's failover: the core's elector; on each term
+/// it writes "PID PID" to `fifo` (one short write), then leads until the
+/// term is cancelled (or the process is killed).
+fn campaign(target: &Path, fifo: &Path) {
+    use std::io::Write;
+    let e = sidelease::elector::Elector::new(target, &Options::new()).expect("elector");
+    e.run(|term| {
+        let line = format!("{0} {0}\n", std::process::id());
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(fifo)
+            .and_then(|mut f| f.write_all(line.as_bytes()))
+            .map_err(|e| e.to_string())?;
+        term.wait_cancelled(None);
+        Ok(())
+    })
+    .expect("campaign");
 }
 
 /// Hold `count` distinct leases at once: cost of the first and the last
