@@ -808,6 +808,65 @@ static void test_elector_killed_leaders_and_a_loss(void) {
     CHECK(alive == CAMPAIGNERS);
 }
 
+/* One statement as the PostgreSQL superuser of the test cluster
+ * (tests/pg/cluster's environment): its single integer answer, or -1. */
+static long psql_number(const char *sql) {
+    const char *bin = getenv("SIDELEASE_TEST_PG_BIN"), *dirp = getenv("SIDELEASE_TEST_PG_DIR");
+    const char *port = getenv("SIDELEASE_TEST_PG_PORT");
+    if (!bin || !dirp || !port) return -1;
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s'%s/psql' -X -q -t -A -v ON_ERROR_STOP=1 -h '%s' -p '%s' -U postgres -d app -c \"%s\"",
+             geteuid() == 0 ? "runuser -u postgres -- " : "", bin, dirp, port, sql);
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    long n = -1;
+    if (fscanf(p, "%ld", &n) != 1) n = -1;
+    pclose(p);
+    return n;
+}
+
+/* PostgreSQL: the server frees the lock the moment the leader's session is
+ * terminated and grants a waiting campaigner at once; the new term waits
+ * out the bound (confirm_within) before it starts, so the old leader's work
+ * has ended first. 3 campaigners, the leader's session terminated 3 times
+ * in a row: each old leader's term cancelled as lost, a new term each time,
+ * no overlap. */
+static void test_elector_postgres_terminated(void) {
+    const char *base = getenv("SIDELEASE_TEST_PG");
+    if (!base) {
+        printf("skipped: the PostgreSQL elector test needs SIDELEASE_TEST_PG (tests/run sets it)\n");
+        return;
+    }
+    char url[1024], name[64], detector[512], log[512];
+    snprintf(name, sizeof name, "c-elect-%d", (int)getpid());
+    snprintf(url, sizeof url, "%s?lease=%s", base, name);
+    path(detector, "pg-elected.detector");
+    path(log, "pg-elected.log");
+    pid_t procs[3];
+    for (int i = 0; i < 3; i++) procs[i] = start_campaigner(url, detector, log);
+    long off = 0;
+    pid_t leader = next_line(log, &off, "leading", 0);
+    CHECK(leader > 0);
+    for (int round = 0; round < 3 && leader > 0; round++) {
+        char sql[512];
+        snprintf(sql, sizeof sql,
+                 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                 "WHERE application_name LIKE 'sidelease %d@%%%s' AND state IS NOT NULL",
+                 (int)leader, name);
+        CHECK(psql_number(sql) == 1);
+        long at = off;
+        CHECK(next_line(log, &at, "cancelled lost", leader) == leader);
+        leader = next_line(log, &off, "leading", 0);
+        CHECK(leader > 0);
+        if (at > off) off = at;
+    }
+    CHECK(overlaps_in(log) == 0);
+    for (int i = 0; i < 3; i++) {
+        CHECK(waitpid(procs[i], NULL, WNOHANG) == 0); /* each still campaigning */
+        kill_child(procs[i]);
+    }
+}
+
 int main(void) {
     const char *base = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     snprintf(dir, sizeof dir, "%s/sidelease-c-test-XXXXXX", base);
@@ -826,6 +885,7 @@ int main(void) {
     test_elector_in_process();
     test_elector_tells_a_loss();
     test_elector_killed_leaders_and_a_loss();
+    test_elector_postgres_terminated();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
