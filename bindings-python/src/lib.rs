@@ -7,6 +7,7 @@ mod elector;
 mod error;
 mod json;
 mod lease;
+mod lost;
 mod pending;
 mod progress;
 mod watch;
@@ -16,6 +17,7 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", sidelease::VERSION)?;
+    sidelease::on_any_lost(lost::hook);
     m.add_function(wrap_pyfunction!(lease::acquire, m)?)?;
     m.add_function(wrap_pyfunction!(lease::inspect, m)?)?;
     m.add_class::<lease::Lease>()?;

@@ -169,3 +169,35 @@ def test_a_plain_lease_is_logged_acquired_and_released_at_info(tmp_path: Any, ca
     sidelease.acquire(url).release()
     lines = [r.getMessage() for r in caplog.records if r.name == "sidelease"]
     assert len(lines) == 2 and lines[0].startswith("acquired postgresql://") and "secret" not in "".join(lines), lines
+
+
+RIVAL = """
+import fcntl, os, sys
+f = open(sys.argv[1], "w")
+fcntl.flock(f, fcntl.LOCK_EX)
+os.rename(sys.argv[1], sys.argv[2])
+print("renamed", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_plain_lease_lost_is_logged_at_warning_on_the_main_thread(tmp_path: Any, caplog: Any) -> None:
+    db = str(tmp_path / "app.db")
+    lease = sidelease.acquire(db)
+    rival = subprocess.Popen([sys.executable, "-c", RIVAL, str(tmp_path / "rival"), lease.lease_path],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert rival.stdout is not None and rival.stdout.readline() == "renamed\n"
+        deadline = time.monotonic() + 5
+        told: List[logging.LogRecord] = []
+        while time.monotonic() < deadline and not told:
+            time.sleep(0.01)  # Python code runs: the pending call with it
+            told = [r for r in caplog.records if r.name == "sidelease" and r.getMessage().startswith("lease lost: ")]
+        assert lease.lost
+        assert len(told) == 1 and told[0].levelno == logging.WARNING, caplog.text
+        assert told[0].threadName == threading.main_thread().name
+        assert lease.lease_path in told[0].getMessage() and str(rival.pid) in told[0].getMessage()
+        lease.release()
+    finally:
+        rival.kill()
+        rival.wait(10)

@@ -258,10 +258,24 @@ impl Shared {
         for cb in callbacks {
             cb(&lost);
         }
+        if let Some(hook) = LOST_HOOK.get() {
+            hook(&lost);
+        }
         if let Some(fd) = self.lost_fd.get() {
             fd.ring();
         }
     }
+}
+
+static LOST_HOOK: OnceLock<fn(&Lost)> = OnceLock::new();
+
+/// For a binding that tells every loss in its own idiom (Python's logger):
+/// `hook` is called whenever any lease of this process is lost, on the
+/// thread that found it (usually the watcher thread): keep it short, never
+/// block in it, and take no interpreter lock. One per process; a second is
+/// refused (false).
+pub fn on_any_lost(hook: fn(&Lost)) -> bool {
+    LOST_HOOK.set(hook).is_ok()
 }
 
 /// Does the lease path still name the locked file?

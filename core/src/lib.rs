@@ -42,7 +42,7 @@ pub use error::{os_message as error_text, Contention, Error, ErrorKind, Lost, Re
 pub use file::guard::Orphan;
 pub use file::watch;
 pub use inspect::{inspect, Inspection, RecordStatus, ServerHolder, State};
-pub use lease::{Check, Lease, LeaseState};
+pub use lease::{on_any_lost, Check, Lease, LeaseState};
 pub use options::{Options, Wait, DEFAULT_SUFFIX};
 pub use pending::Pending;
 pub use platform::notify::CancelToken;

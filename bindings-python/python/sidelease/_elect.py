@@ -49,6 +49,11 @@ def _info_logged() -> bool:
     return log.isEnabledFor(logging.INFO)
 
 
+def _tell_lost(lease_path: str, reason: str) -> None:
+    """Any lease of this process lost (told on the main thread, soon after)."""
+    log.warning("lease lost: %s: %s", lease_path, reason)
+
+
 def _tell_lease(kind: str, target: str, generation: Optional[int]) -> None:
     """A plain lease acquired or released (the logger at INFO is on)."""
     log.info("%s %s (generation %s)", kind, target, generation)
