@@ -103,9 +103,7 @@ def takeover(d: str, n: int) -> Dict[str, Any]:
         for _ in range(n):
             h = Holder(target)
             w.send("wait")
-            # The replacement started last round has settled (a Python one
-            # takes tens of ms of CPU to start, on the waiter's cores).
-            time.sleep(0.3 if how.startswith("python") else 0.005)
+            time.sleep(0.005)
             t0 = time.monotonic_ns()
             os.kill(h.p.pid, signal.SIGKILL)
             t1 = int(w.recv())
