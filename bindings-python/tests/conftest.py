@@ -28,6 +28,19 @@ HOLDER = textwrap.dedent(
 )
 
 
+# A rival that is no sidelease holder: it locks a new file (argv[1]) and
+# renames it over a lease file (argv[2]), says "renamed", and holds it until
+# its stdin has a line.
+RIVAL = """
+import fcntl, os, sys
+f = open(sys.argv[1], "w")
+fcntl.flock(f, fcntl.LOCK_EX)
+os.rename(sys.argv[1], sys.argv[2])
+print("renamed", flush=True)
+sys.stdin.readline()
+"""
+
+
 class Holder:
     """A holder process; `release()` and `kill()` by its PID only."""
 

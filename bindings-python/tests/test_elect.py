@@ -21,7 +21,7 @@ import pytest
 
 import sidelease
 
-from conftest import Holder, pg_url, psql
+from conftest import RIVAL, Holder, pg_url, psql
 
 HERE = os.path.dirname(__file__)
 CAMPAIGNER = os.path.join(HERE, "elect_campaigner.py")
@@ -430,15 +430,6 @@ def test_a_wait_longer_than_the_clock_holds_waits_until_cancelled(db: str) -> No
     assert term.wait(1e19) is True
     assert term.step_down() == ("stopped", "")
 
-
-RIVAL = """
-import fcntl, os, sys
-f = open(sys.argv[1], "w")
-fcntl.flock(f, fcntl.LOCK_EX)
-os.rename(sys.argv[1], sys.argv[2])
-print("renamed", flush=True)
-sys.stdin.readline()
-"""
 
 
 def test_a_loss_and_a_failing_campaign_are_logged_at_warning(tmp_path: Any, caplog: Any) -> None:

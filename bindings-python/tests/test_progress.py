@@ -18,7 +18,7 @@ import pytest
 
 import sidelease
 
-from conftest import Holder, pg_url
+from conftest import RIVAL, Holder, pg_url
 
 # A holder that is no sidelease process: it locks the lease file and hands
 # the lock on to a `sleep` it starts (the same open file), then exits when
@@ -170,15 +170,6 @@ def test_a_plain_lease_is_logged_acquired_and_released_at_info(tmp_path: Any, ca
     lines = [r.getMessage() for r in caplog.records if r.name == "sidelease"]
     assert len(lines) == 2 and lines[0].startswith("acquired postgresql://") and "secret" not in "".join(lines), lines
 
-
-RIVAL = """
-import fcntl, os, sys
-f = open(sys.argv[1], "w")
-fcntl.flock(f, fcntl.LOCK_EX)
-os.rename(sys.argv[1], sys.argv[2])
-print("renamed", flush=True)
-sys.stdin.readline()
-"""
 
 
 def test_a_plain_lease_lost_is_logged_at_warning_on_the_main_thread(tmp_path: Any, caplog: Any) -> None:
