@@ -848,11 +848,19 @@ static void test_elector_postgres_terminated(void) {
     pid_t leader = next_line(log, &off, "leading", 0);
     CHECK(leader > 0);
     for (int round = 0; round < 3 && leader > 0; round++) {
-        char sql[512];
+        /* The session holding the lease's advisory lock, whichever one
+           carries it (the leader's shared session or its own): the key as
+           the library computes it, from the name. */
+        char key[256], sql[1024];
+        snprintf(key, sizeof key,
+                 "('x' || left(encode(sha256('\\x736964656c65617365206c6561736500'::bytea || "
+                 "convert_to('%s', 'UTF8')), 'hex'), 16))::bit(64)::bigint",
+                 name);
         snprintf(sql, sizeof sql,
-                 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                 "WHERE application_name LIKE 'sidelease %d@%%%s' AND state IS NOT NULL",
-                 (int)leader, name);
+                 "SELECT count(pg_terminate_backend(pid)) FROM pg_locks WHERE locktype = 'advisory' "
+                 "AND granted AND objsubid = 1 AND classid = ((%s >> 32) & 4294967295)::oid "
+                 "AND objid = (%s & 4294967295)::oid",
+                 key, key);
         CHECK(psql_number(sql) == 1);
         long at = off;
         CHECK(next_line(log, &at, "cancelled lost", leader) == leader);

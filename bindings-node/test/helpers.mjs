@@ -121,3 +121,24 @@ export function psql(sql) {
   }
   return execFileSync(cmd, args, { encoding: 'utf8' }).trim();
 }
+
+/** The lease name of a PostgreSQL lease URL. */
+export function leaseName(url) {
+  return url.split('lease=').pop().split('&')[0];
+}
+
+/** SQL for the backend PIDs holding the lease `url`'s advisory lock,
+ * whichever session carries it (the process's shared one or its own): the
+ * key as the library computes it, from the name. */
+export function holderBackends(url) {
+  const name = leaseName(url).replaceAll("'", "''");
+  const key = `('x' || left(encode(sha256('\\x736964656c65617365206c6561736500'::bytea || `
+    + `convert_to('${name}', 'UTF8')), 'hex'), 16))::bit(64)::bigint`;
+  return `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1
+    AND classid = ((${key} >> 32) & 4294967295)::oid AND objid = (${key} & 4294967295)::oid`;
+}
+
+/** pg_terminate_backend of the session holding the lease `url`: how many. */
+export function terminateHolder(url) {
+  return Number(psql(`SELECT count(pg_terminate_backend(pid)) FROM (${holderBackends(url)}) h`));
+}

@@ -5,7 +5,7 @@ import { test, describe } from 'node:test';
 import assert from 'node:assert/strict';
 
 import * as sidelease from '../index.mjs';
-import { Holder, withTimeout, STEP, pgUrl as url, psql } from './helpers.mjs';
+import { Holder, withTimeout, STEP, pgUrl as url, psql, holderBackends, terminateHolder } from './helpers.mjs';
 
 // Sessions of this process waiting for the lease `u`.
 function waiters(u) {
@@ -70,9 +70,7 @@ describe('PostgreSQL leases', () => {
     const u = url();
     const lease = sidelease.acquire(u);
     const aborted = new Promise((r) => lease.signal.addEventListener('abort', r, { once: true }));
-    const n = psql(`SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-      WHERE application_name LIKE 'sidelease ${process.pid}@% ${u.split('lease=')[1]}'`);
-    assert.equal(n, '1');
+    assert.equal(terminateHolder(u), 1);
     const t = Date.now();
     await withTimeout(aborted, 2000, 'lease.signal after pg_terminate_backend');
     assert.ok(Date.now() - t < 2000);
@@ -86,8 +84,7 @@ describe('PostgreSQL leases', () => {
     const u = url();
     const lease = sidelease.acquire(`${u}&confirm_within=500`);
     for (let i = 0; i < 20; i++) await lease.ensureHeldNow();
-    const backend = Number(psql(`SELECT pid FROM pg_stat_activity
-      WHERE application_name LIKE 'sidelease ${process.pid}@% ${u.split('lease=')[1]}'`));
+    const backend = Number(psql(holderBackends(u)));
     let ticks = 0;
     const timer = setInterval(() => ticks++, 5);
     process.kill(backend, 'SIGSTOP');

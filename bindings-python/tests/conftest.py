@@ -107,6 +107,26 @@ def pg_url(prefix: str = "py") -> str:
     return f"{base}?lease={prefix}-{uuid.uuid4().hex[:12]}"
 
 
+def lease_name(url: str) -> str:
+    return url.rsplit("lease=", 1)[1].split("&", 1)[0]
+
+
+def holder_backends(url: str) -> str:
+    """SQL for the backend PIDs holding the lease `url`'s advisory lock,
+    whichever session carries it (the process's shared one or its own):
+    the key as the library computes it, from the name."""
+    name = lease_name(url).replace("'", "''")
+    key = ("('x' || left(encode(sha256('\\x736964656c65617365206c6561736500'::bytea || "
+           f"convert_to('{name}', 'UTF8')), 'hex'), 16))::bit(64)::bigint")
+    return ("SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 "
+            f"AND classid = (({key} >> 32) & 4294967295)::oid AND objid = ({key} & 4294967295)::oid")
+
+
+def terminate_holder(url: str) -> int:
+    """pg_terminate_backend of the session holding the lease `url`: how many."""
+    return int(psql(f"SELECT count(pg_terminate_backend(pid)) FROM ({holder_backends(url)}) h"))
+
+
 def psql(sql: str) -> str:
     """One statement as the superuser, its output."""
     cmd = [os.path.join(os.environ["SIDELEASE_TEST_PG_BIN"], "psql"), "-X", "-q", "-t", "-A", "-v", "ON_ERROR_STOP=1",

@@ -17,7 +17,7 @@ import pytest
 
 import sidelease
 
-from conftest import pg_url, psql
+from conftest import holder_backends, pg_url, psql, terminate_holder
 
 HERE = os.path.dirname(__file__)
 
@@ -124,9 +124,7 @@ def test_a_terminated_session_makes_the_lease_lost() -> None:
     async def main() -> None:
         lost = asyncio.ensure_future(lease.wait_lost())
         await asyncio.sleep(0.1)
-        n = psql("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                  f"WHERE application_name LIKE 'sidelease {os.getpid()}@% {url.rsplit('lease=', 1)[1]}'")
-        assert n == "1"
+        assert terminate_holder(url) == 1
         t = time.monotonic()
         err = await asyncio.wait_for(lost, 2)
         assert time.monotonic() - t < 2
@@ -176,8 +174,7 @@ def test_ensure_held_now_asks_the_server_and_agrees_with_the_rest() -> None:
     lease = sidelease.acquire(url + "&confirm_within=500")
     for _ in range(20):
         lease.ensure_held_now()
-    backend = int(psql("SELECT pid FROM pg_stat_activity "
-                        f"WHERE application_name LIKE 'sidelease {os.getpid()}@% {url.rsplit('lease=', 1)[1]}'"))
+    backend = int(psql(holder_backends(url)))
     gaps: list[float] = []
     done = threading.Event()
 

@@ -44,6 +44,10 @@ fn options(a: &LeadArgs) -> Result<Options, Error> {
         .suffix(&a.suffix)
         .allow_unsupported_fs(a.allow_unsupported_fs)
         .split_guard(!a.no_split_guard)
+        // The command gets a copy of the lease (a PostgreSQL lease's own
+        // session's socket), so a killed lead's lock outlives it no longer
+        // than its command.
+        .inheritable(true)
         .runtime(format!("sidelease-cli {} (lead)", sidelease::VERSION));
     if let Some(m) = &a.metadata {
         o.metadata = Some(sidelease::record::parse_metadata(m)?);

@@ -68,6 +68,12 @@ pub struct Options {
     /// Watch the held lease file and put it back at once if someone deletes,
     /// moves or replaces it (and report the lease lost if that fails).
     pub watch: bool,
+    /// The lease will be handed on to another process
+    /// (`Lease::inheritable_fd`, as `sidelease hold` and `lead` give their
+    /// command): a PostgreSQL lease then keeps a connection of its own
+    /// rather than the process's shared session, unless its URL says
+    /// `session=shared`.
+    pub inheritable: bool,
 }
 
 impl Default for Options {
@@ -80,6 +86,7 @@ impl Default for Options {
             split_guard: true,
             runtime: None,
             watch: true,
+            inheritable: false,
         }
     }
 }
@@ -117,6 +124,11 @@ impl Options {
 
     pub fn watch(mut self, on: bool) -> Self {
         self.watch = on;
+        self
+    }
+
+    pub fn inheritable(mut self, on: bool) -> Self {
+        self.inheritable = on;
         self
     }
 

@@ -21,10 +21,20 @@ fn via(var: &str, name: &str) -> String {
     format!("{}?lease={name}", env(var))
 }
 
+/// Each check runs for a lease on its process's shared session (the
+/// default) and for one on a connection of its own.
+const SESSIONS: [&str; 2] = ["", "&session=own"];
+
 #[test]
 fn session_mode_pgbouncer_with_its_defaults_just_works() {
+    for session in SESSIONS {
+        session_mode_works(session);
+    }
+}
+
+fn session_mode_works(session: &str) {
     let n = name();
-    let url = via("SIDELEASE_TEST_PGBOUNCER", &n);
+    let url = via("SIDELEASE_TEST_PGBOUNCER", &n) + session;
     let lease =
         Lease::acquire(&url, &Options::new()).expect("acquire through session-mode PgBouncer");
     assert_eq!(lease.generation(), Some(1));
@@ -57,11 +67,11 @@ fn transaction_and_statement_mode_poolers_are_refused_naming_the_pooler() {
         // A quiet pool, one client: nothing else would ever show the
         // pooler, and a second client would then be granted the same lock
         // on the same pooled session.
-        for _ in 0..3 {
+        for session in SESSIONS.iter().cycle().take(4) {
             let n = name();
-            let e = Lease::acquire(via(var, &n), &Options::new())
+            let e = Lease::acquire(via(var, &n) + session, &Options::new())
                 .expect_err(&format!("{var}: acquired through a transaction pooler"));
-            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{var}: {e}");
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{var}{session}: {e}");
             let text = e.to_string();
             assert!(
                 text.contains("pooler") && text.contains("session-mode"),

@@ -25,6 +25,12 @@ fn sharing_the_server() -> std::sync::RwLockReadGuard<'static, ()> {
     SERVER.read().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Ending the shared session ends every lease of this process on it: a
+/// test that terminates its lease's session runs alone too.
+fn alone_on_the_server() -> std::sync::RwLockWriteGuard<'static, ()> {
+    SERVER.write().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A lease name no other test (or earlier run) uses.
 fn fresh(base: &str) -> String {
     format!("{base}?lease={}", common::unique("t"))
@@ -189,7 +195,7 @@ fn a_killed_holder_frees_the_lease_and_leaves_an_unclean_record() {
 
 #[test]
 fn terminating_the_session_marks_the_lease_lost_and_a_waiter_gets_it() {
-    let _server = sharing_the_server();
+    let _server = alone_on_the_server();
     let u = url();
     let l = Lease::acquire(&u, &once()).unwrap();
     let fd = l.lost_fd().unwrap();
@@ -204,11 +210,7 @@ fn terminating_the_session_marks_the_lease_lost_and_a_waiter_gets_it() {
     });
     std::thread::sleep(Duration::from_millis(500));
     let name = u.rsplit_once("lease=").unwrap().1;
-    let killed = psql(&format!(
-        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name LIKE 'sidelease {}@%' AND query NOT LIKE '%pg_advisory_lock%' AND application_name LIKE '%{name}'",
-        std::process::id()
-    ));
-    assert_eq!(killed, "1");
+    assert_eq!(common::terminate_holder(name), 1);
     let took = lost_within(&l, Duration::from_secs(2));
     eprintln!("lost {took:?} after pg_terminate_backend");
     assert!(matches!(l.state(), LeaseState::Lost(_)));
@@ -431,7 +433,7 @@ fn the_fencing_check_rejects_a_stale_holder() {
 
 #[test]
 fn a_server_restart_marks_the_lease_lost_and_it_can_be_had_again() {
-    let _alone = SERVER.write().unwrap_or_else(|e| e.into_inner());
+    let _alone = alone_on_the_server();
     let u = url();
     let l = Lease::acquire(&u, &once()).unwrap();
     let dir = env("SIDELEASE_TEST_PG_DIR");
@@ -679,11 +681,7 @@ fn ensure_held_now_asks_the_server_across_a_partition() {
     assert!(asked < Duration::from_millis(3000), "{asked:?}");
     p.cut.store(true, Ordering::SeqCst);
     let cut_at = Instant::now();
-    let killed = psql(&format!(
-        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name LIKE 'sidelease {}@%' AND application_name LIKE '%{name}'",
-        std::process::id()
-    ));
-    assert_eq!(killed, "1");
+    assert_eq!(common::terminate_holder(&name), 1);
     let waiter = child_test("child_acquires_waiting", &direct)
         .output()
         .unwrap();
@@ -992,7 +990,11 @@ fn child_acquires_without_descriptors() {
 #[test]
 fn out_of_descriptors_is_emfile() {
     let _server = sharing_the_server();
-    let out = child_test("child_acquires_without_descriptors", &url())
+    // A connection of each lease's own: on the shared session, a second
+    // lease needs no socket (a_thousand_leases_share_one_connection… in
+    // shared.rs counts the descriptors).
+    let own = url().replacen("?lease=", "?session=own&lease=", 1);
+    let out = child_test("child_acquires_without_descriptors", &own)
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);

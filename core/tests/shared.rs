@@ -1,5 +1,5 @@
-//! PostgreSQL leases on a shared session (`session=shared`): one connection
-//! per server for every such lease of a process, against the real test
+//! PostgreSQL leases on the shared session (the default; `session=own` opts
+//! out): one connection per server for every such lease of a process, against the real test
 //! cluster (see postgres.rs). The tests run one at a time: they count this
 //! process's sessions, and one ends a shared session on purpose.
 #![cfg(feature = "postgres")]
@@ -21,8 +21,9 @@ fn alone() -> std::sync::MutexGuard<'static, ()> {
     ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A lease on its server's shared session: the default.
 fn shared_url(base: &str, name: &str) -> String {
-    format!("{base}?session=shared&lease={name}")
+    format!("{base}?lease={name}")
 }
 
 /// This process's sessions on the server (shared or a lease's own).
@@ -270,7 +271,7 @@ fn a_server_with_fifty_connections_holds_five_hundred_leases_of_one_process() {
     let own: Vec<_> = (0..50)
         .map(|i| {
             Lease::acquire(
-                format!("{}?lease={prefix}-own-{i}", server.url),
+                format!("{}?session=own&lease={prefix}-own-{i}", server.url),
                 &Options::new(),
             )
         })
@@ -379,10 +380,10 @@ fn a_stalled_session_loses_the_tight_lease_alone_and_its_old_handle_cannot_relea
     let _one = alone();
     let base = env("SIDELEASE_TEST_PG");
     let (tight, loose) = (unique("tight"), unique("loose"));
-    let tight_url = format!("{base}?session=shared&confirm_within=100&lease={tight}");
+    let tight_url = format!("{base}?confirm_within=100&lease={tight}");
     let old = Lease::acquire(&tight_url, &Options::new()).unwrap();
     let other = Lease::acquire(
-        format!("{base}?session=shared&confirm_within=4000&lease={loose}"),
+        format!("{base}?confirm_within=4000&lease={loose}"),
         &Options::new(),
     )
     .unwrap();

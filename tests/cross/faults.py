@@ -436,18 +436,19 @@ def crash_injection(soak: bool) -> str:
 
 
 def pg_mutual_exclusion(soak: bool) -> str:
-    """Ten processes, two of each runtime, each 300 critical sections (3000
-    with --soak) under one PostgreSQL lease."""
+    """Ten processes, two of each runtime, each 1000 critical sections (3000
+    with --soak) under one PostgreSQL lease, each try on its process's
+    shared session (the default) and each wait on a connection of its own."""
     import pg
-    return _run_stress(3000 if soak else 300, 2, tamper=False, target=pg.lease_url("stress"))
+    return _run_stress(3000 if soak else 1000, 2, tamper=False, target=pg.lease_url("stress"))
 
 
-def pg_mutual_exclusion_shared(soak: bool) -> str:
+def pg_mutual_exclusion_own(soak: bool) -> str:
     """As above, 100 critical sections each (1000 with --soak), every
-    agent's lease on its shared session (session=shared)."""
+    agent's lease on a connection of its own (session=own)."""
     import pg
     return _run_stress(1000 if soak else 100, 2, tamper=False,
-                       target=pg.lease_url("stress", (pg.base(), "&session=shared")))
+                       target=pg.lease_url("stress", (pg.base(), "&session=own")))
 
 
 def pg_first_use(soak: bool) -> str:
@@ -485,7 +486,7 @@ def pg_first_use(soak: bool) -> str:
 CHECKS: List[Tuple[str, Callable[[bool], str]]] = [
     ("PostgreSQL first use", pg_first_use),
     ("PostgreSQL mutual exclusion", pg_mutual_exclusion),
-    ("PostgreSQL mutual exclusion, shared sessions", pg_mutual_exclusion_shared),
+    ("PostgreSQL mutual exclusion, sessions of their own", pg_mutual_exclusion_own),
     ("mutual exclusion", mutual_exclusion),
     ("crash injection", crash_injection),
     ("tampering", tampering),

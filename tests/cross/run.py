@@ -311,9 +311,10 @@ def main() -> int:
     ]
     passed = failed = na = 0
     start = time.monotonic()
-    # The PostgreSQL scenarios once more through a stock session-mode
-    # PgBouncer (tests/pg/cluster runs one), once more on shared sessions,
-    # and once more over TLS with
+    # The PostgreSQL scenarios (each holder's lease on its process's shared
+    # session, the default) once more through a stock session-mode
+    # PgBouncer (tests/pg/cluster runs one), once more on sessions of their
+    # own (session=own), and once more over TLS with
     # sslmode=verify-full against the test CA, where they must pass
     # unchanged.
     runs = [(sc, None) for sc in scenarios]
@@ -323,11 +324,10 @@ def main() -> int:
         # Every holder runtime, one contender runtime: what the pooler
         # changes is the holder's session.
         runs += [({**sc, "contenders": ["rust"]}, ("PgBouncer", bouncer, "")) for sc in pg_scenarios]
-    # Once more with every lease on its server's shared session
-    # (session=shared): a holder's lease lives beside others there.
+    # Once more with every lease on a connection of its own (session=own).
     if pg_scenarios:
-        shared_base = os.environ["SIDELEASE_TEST_PG"]
-        runs += [({**sc, "contenders": ["rust"]}, ("shared session", shared_base, "&session=shared"))
+        own_base = os.environ["SIDELEASE_TEST_PG"]
+        runs += [({**sc, "contenders": ["rust"]}, ("own session", own_base, "&session=own"))
                  for sc in pg_scenarios]
     pki = os.environ.get("SIDELEASE_TEST_PG_PKI")
     if pki:

@@ -115,7 +115,7 @@ impl Attempt {
         let started = Instant::now();
         if let Some(lease) = local::share(&target.identity) {
             slot.finish(Ok(lease));
-        } else if target.shared {
+        } else if target.shared.unwrap_or(!options.inheritable) {
             super::hub::start(super::hub::TryReq {
                 target: target.clone(),
                 opts: options.clone(),

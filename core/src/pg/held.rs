@@ -5,6 +5,7 @@ use std::any::Any;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
+use super::confirm::silent;
 use super::local;
 use super::session::Link;
 use crate::backend::{Engine, Held};
@@ -35,15 +36,10 @@ impl Held for Link {
     /// meanwhile.
     fn refresh(&self, s: &Shared) {
         if self.confirmed.expired() {
+            // The same words whichever thread saw the bound pass first.
             s.mark_lost(Lost {
                 lease_path: s.lease_path.clone(),
-                reason: format!(
-                    "the server has not confirmed the lease's session for {:.1}s, more than its \
-                     bound of {:.1}s (this process was paused, or the server is unreachable); it \
-                     may hold the lease no longer",
-                    self.confirmed.age().as_secs_f64(),
-                    self.confirmed.bound().as_secs_f64()
-                ),
+                reason: silent(self.confirmed.bound()),
                 holders: Vec::new(),
             });
         }

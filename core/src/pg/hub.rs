@@ -54,19 +54,27 @@ const REFUSED_FOR: Duration = Duration::from_secs(10);
 /// not one each.
 const LINGER: Duration = Duration::from_secs(1);
 
-/// The lock and the holder row in one round trip: the row is written (and
-/// the previous holder's record read) by the statement after the lock, so
-/// it sees the release the previous holder committed before unlocking,
-/// and only if this session holds the lock now.
+/// The lock, in the first of two statements sent together: when it is
+/// granted, the session notes this try's nonce (`$3`), which no other try
+/// ever has, so the statement after it writes the row only for the try
+/// that locked (a stale note from an earlier try never matches, and a
+/// pooled server session never has it). A look at `pg_locks` would cost a
+/// scan of every lock on the server, per try.
+const GUARDED_LOCK: &str = "SELECT pg_backend_pid(), set_config('sidelease.locked', \
+     CASE WHEN current_setting('sidelease.session', true) IS NOT DISTINCT FROM $2 \
+     THEN CASE WHEN pg_try_advisory_lock($1) THEN $3 ELSE '' END ELSE '' END, false) = $3";
+
+/// The holder row, in the second: written (and the previous holder's
+/// record read) by the statement after the lock, so it sees the release
+/// the previous holder committed before unlocking, and only if this try's
+/// lock was granted.
 const GUARDED_UPSERT: &str = "WITH prev AS (SELECT generation, holder::text AS holder, \
          to_char(released_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"') AS released_at \
          FROM sidelease_leases WHERE name = $1) \
      INSERT INTO sidelease_leases AS t (name, key, generation, holder, acquired_at, released_at) \
      SELECT $1, $2, 1, $3::jsonb, now(), NULL \
      WHERE current_setting('sidelease.session', true) IS NOT DISTINCT FROM $4 \
-       AND EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() \
-           AND granted AND objsubid = 1 AND classid = (($2::bigint >> 32) & 4294967295)::oid \
-           AND objid = ($2::bigint & 4294967295)::oid) \
+       AND current_setting('sidelease.locked', true) = $5 \
      ON CONFLICT (name) DO UPDATE SET generation = t.generation + 1, key = EXCLUDED.key, \
          holder = EXCLUDED.holder, acquired_at = now(), released_at = NULL \
      RETURNING t.generation, (SELECT generation FROM prev), (SELECT holder FROM prev), \
@@ -202,6 +210,19 @@ struct Hub {
     telling: HashSet<i64>,
     /// When the next heartbeat is due.
     next: tokio::time::Instant,
+    /// A try's and a release's statements, once prepared on this session.
+    prepared: Option<Prepared>,
+}
+
+/// The statements of a try and a release, parsed and planned once per
+/// session rather than once per statement (which was half of a cycle's
+/// time, bench/).
+#[derive(Clone)]
+struct Prepared {
+    lock: tokio_postgres::Statement,
+    upsert: tokio_postgres::Statement,
+    release: tokio_postgres::Statement,
+    unlock: tokio_postgres::Statement,
 }
 
 async fn run(first: Arc<Target>, tx: UnboundedSender<Cmd>, mut rx: UnboundedReceiver<Cmd>) {
@@ -267,6 +288,7 @@ async fn run(first: Arc<Target>, tx: UnboundedSender<Cmd>, mut rx: UnboundedRece
         recording: HashSet::new(),
         telling: HashSet::new(),
         next: tokio::time::Instant::now(),
+        prepared: None,
     };
     hub.try_one(*req).await;
     for q in queued {
@@ -458,12 +480,16 @@ impl Hub {
     /// passed is lost alone (and its lock given back); `Err` loses them all.
     async fn beat(&mut self) -> std::result::Result<bool, String> {
         self.expire();
+        // Until the tightest bound has passed on the millisecond clock the
+        // ages are read on (2 ms past it, for its rounding), so a question
+        // left unanswered finds that lease expired, never "not yet".
         let left = self
             .members
             .values()
             .map(|m| m.confirmed.bound().saturating_sub(m.confirmed.age()))
             .min()
-            .unwrap_or(HEARTBEAT_DEADLINE);
+            .unwrap_or(HEARTBEAT_DEADLINE)
+            + Duration::from_millis(2);
         let sent = Confirmed::clock();
         self.next = tokio::time::Instant::now() + self.interval();
         let answer =
@@ -624,6 +650,36 @@ impl Hub {
         }
     }
 
+    /// The statements, prepared on first use (one round trip for all
+    /// four); `None` while they cannot be (no table yet, no answer).
+    async fn prepared(&mut self) -> Option<Prepared> {
+        if self.prepared.is_none() {
+            let c = &self.conn.client;
+            let all = async {
+                tokio::try_join!(
+                    c.prepare_typed(GUARDED_LOCK, &[Type::INT8, Type::TEXT, Type::TEXT]),
+                    c.prepare_typed(
+                        GUARDED_UPSERT,
+                        &[Type::TEXT, Type::INT8, Type::TEXT, Type::TEXT, Type::TEXT]
+                    ),
+                    c.prepare_typed(UPDATE_RELEASED, &[Type::TEXT, Type::INT8]),
+                    c.prepare_typed(UNLOCK_IF_RECORDED, &[Type::INT8, Type::TEXT, Type::INT8]),
+                )
+            };
+            if let Ok(Ok((lock, upsert, release, unlock))) =
+                tokio::time::timeout(HEARTBEAT_DEADLINE, all).await
+            {
+                self.prepared = Some(Prepared {
+                    lock,
+                    upsert,
+                    release,
+                    unlock,
+                });
+            }
+        }
+        self.prepared.clone()
+    }
+
     /// One try-acquisition: the lock and the row in one round trip; what
     /// it cannot settle goes on alone.
     async fn try_one(&mut self, req: TryReq) {
@@ -641,22 +697,22 @@ impl Hub {
         };
         rec.encrypted = Some(self.conn.tls.is_some());
         let holder = rec.to_json();
-        let nonce = rec.nonce.clone().unwrap_or_default();
+        // The lock's note is this nonce: never empty, which is what a try
+        // that did not lock notes.
+        let Some(nonce) = rec.nonce.clone().filter(|n| !n.is_empty()) else {
+            return req.alone();
+        };
+        let Some(p) = self.prepared().await else {
+            // No table yet (the acquisition's own connection makes it), or
+            // no answer: alone, as without sharing.
+            return req.alone();
+        };
         let c = &self.conn.client;
-        let lock_params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 2] =
-            [(&t.key, Type::INT8), (&self.conn.session, Type::TEXT)];
-        let lock = c.query_typed(
-            "SELECT pg_backend_pid(), CASE WHEN current_setting('sidelease.session', true) \
-             IS NOT DISTINCT FROM $2 THEN pg_try_advisory_lock($1) ELSE false END",
-            &lock_params,
-        );
-        let row_params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 4] = [
-            (&t.name, Type::TEXT),
-            (&t.key, Type::INT8),
-            (&holder, Type::TEXT),
-            (&self.conn.session, Type::TEXT),
-        ];
-        let row = c.query_typed(GUARDED_UPSERT, &row_params);
+        type Param<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync);
+        let lock_params: [Param; 3] = [&t.key, &self.conn.session, &nonce];
+        let lock = c.query(&p.lock, &lock_params);
+        let row_params: [Param; 5] = [&t.name, &t.key, &holder, &self.conn.session, &nonce];
+        let row = c.query(&p.upsert, &row_params);
         let sent = Confirmed::clock();
         let answered = tokio::time::timeout(HEARTBEAT_DEADLINE, in_order(lock, row)).await;
         let Ok((locked, written)) = answered else {
@@ -667,6 +723,11 @@ impl Hub {
             self.held.insert(t.key, Some((t.clone(), nonce)));
             return req.alone();
         };
+        if locked.is_err() || written.is_err() {
+            // Prepared again on the next try: a table altered or dropped
+            // since makes its plan fail.
+            self.prepared = None;
+        }
         let got = matches!(&locked, Ok(rows) if rows.first()
             .is_some_and(|r| r.get::<_, i32>(0) == self.pid && r.get::<_, bool>(1)));
         if !got && locked.is_ok() && req.opts.wait == Wait::NoWait {
@@ -788,16 +849,29 @@ impl Hub {
 
     async fn record_and_unlock(&mut self, t: &Target, generation: i64) -> Release {
         let c = &self.conn.client;
-        let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 2] =
-            [(&t.name, Type::TEXT), (&generation, Type::INT8)];
-        let record = c.query_typed(UPDATE_RELEASED, &params);
-        let unlock_params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 3] = [
-            (&t.key, Type::INT8),
-            (&t.name, Type::TEXT),
-            (&generation, Type::INT8),
-        ];
-        let unlocked = c.query_typed(UNLOCK_IF_RECORDED, &unlock_params);
-        let answered = tokio::time::timeout(HEARTBEAT_DEADLINE, in_order(record, unlocked)).await;
+        // A lease here came from a try, which prepared the statements.
+        let answered = match &self.prepared {
+            Some(p) => {
+                type Param<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync);
+                let params: [Param; 2] = [&t.name, &generation];
+                let record = c.query(&p.release, &params);
+                let unlock_params: [Param; 3] = [&t.key, &t.name, &generation];
+                let unlocked = c.query(&p.unlock, &unlock_params);
+                tokio::time::timeout(HEARTBEAT_DEADLINE, in_order(record, unlocked)).await
+            }
+            None => {
+                let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 2] =
+                    [(&t.name, Type::TEXT), (&generation, Type::INT8)];
+                let record = c.query_typed(UPDATE_RELEASED, &params);
+                let unlock_params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 3] = [
+                    (&t.key, Type::INT8),
+                    (&t.name, Type::TEXT),
+                    (&generation, Type::INT8),
+                ];
+                let unlocked = c.query_typed(UNLOCK_IF_RECORDED, &unlock_params);
+                tokio::time::timeout(HEARTBEAT_DEADLINE, in_order(record, unlocked)).await
+            }
+        };
         match answered {
             Ok((Ok(_), Ok(rows))) if rows.len() == 1 => Release::Done(Ok(())),
             Ok((Err(e), _)) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {

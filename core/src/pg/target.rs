@@ -37,8 +37,11 @@ pub(crate) struct Target {
     /// settings, the user and password however given), so leases share a
     /// session only with leases that would have opened the same one.
     pub server: String,
-    /// `session=shared`: the lease lives on its server's shared session.
-    pub shared: bool,
+    /// `session=shared` (`Some(true)`): the lease lives on its server's
+    /// shared session; `session=own` (`Some(false)`): on a connection of
+    /// its own. Unsaid (`None`): shared, unless the caller hands the lease
+    /// on to another process (`Options::inheritable`).
+    pub shared: Option<bool>,
 }
 
 /// The default `confirm_within`, and its range: the server may end a silent
@@ -114,7 +117,7 @@ impl Target {
         let mut tls_given: Vec<(&str, String)> = Vec::new();
         let mut binding_given = false;
         let mut confirm = std::time::Duration::from_millis(CONFIRM_DEFAULT_MS);
-        let mut shared = false;
+        let mut shared = None;
         for p in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = p.split_once('=').unwrap_or((p, ""));
             match k {
@@ -129,13 +132,13 @@ impl Target {
                 }
                 "session" => {
                     shared = match v {
-                        "own" => false,
-                        "shared" => true,
+                        "own" => Some(false),
+                        "shared" => Some(true),
                         _ => {
                             return Err(bad(format!(
-                                "{shown}: session={}: `own` (the lease's own connection, the \
-                                 default) or `shared` (one session per server for every lease \
-                                 of this process that says so)",
+                                "{shown}: session={}: `shared` (one session per server for \
+                                 the leases of this process, the default) or `own` (a connection \
+                                 of the lease's own)",
                                 super::printable(v)
                             )))
                         }

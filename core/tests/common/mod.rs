@@ -63,15 +63,38 @@ pub fn psql(sql: &str) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
-/// Advisory locks the server's backends hold for the lease `name`, whoever
-/// holds them (asked as the superuser, directly).
-pub fn server_locks(name: &str) -> u32 {
+/// SQL for the advisory locks of the lease `name` in `pg_locks`.
+fn locks_of(name: &str) -> String {
     let key = sidelease::pg::target::key_of(name);
-    psql(&format!(
-        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 \
+    format!(
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 \
          AND classid = (({key}::bigint >> 32) & 4294967295)::oid \
          AND objid = ({key}::bigint & 4294967295)::oid"
+    )
+}
+
+/// pg_terminate_backend of the session holding the lease `name`, whichever
+/// session carries it (the process's shared one or its own): how many.
+pub fn terminate_holder(name: &str) -> u32 {
+    psql(&format!(
+        "SELECT count(pg_terminate_backend(pid)) FROM ({} AND granted) h",
+        locks_of(name)
     ))
     .parse()
     .unwrap()
+}
+
+/// The backend PID of the session holding the lease `name`.
+pub fn holder_backend(name: &str) -> i32 {
+    psql(&format!("{} AND granted", locks_of(name)))
+        .parse()
+        .unwrap()
+}
+
+/// Advisory locks the server's backends hold for the lease `name`, whoever
+/// holds them (asked as the superuser, directly).
+pub fn server_locks(name: &str) -> u32 {
+    psql(&format!("SELECT count(*) FROM ({}) l", locks_of(name)))
+        .parse()
+        .unwrap()
 }
