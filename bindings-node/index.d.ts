@@ -64,6 +64,12 @@ export interface HolderRecord {
   dir_device?: number;
   dir_inode?: number;
   file_name?: string;
+  /** The lease file's path as the holder spelled it, when a symlink made it differ. */
+  spelled_path?: string;
+  /** PostgreSQL: whether the holder's session is encrypted (TLS). */
+  encrypted?: boolean;
+  /** PostgreSQL: the holder's bound (`confirm_within`, ms). */
+  confirm_within_ms?: number;
   released_at?: string;
 }
 

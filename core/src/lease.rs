@@ -598,14 +598,18 @@ impl Lease {
         self.shared.record.generation
     }
 
-    /// How long a previous holder that did not release (its session ended
-    /// by an operator, a restart or a cut network) may go on believing it
-    /// holds the lease: a PostgreSQL lease's `confirm_within`. `None` for a
-    /// lease file, whose lock the kernel frees only once its holder let go
-    /// or died. The elector waits this out before a term whose predecessor
-    /// did not release cleanly.
-    pub fn loss_bound(&self) -> Option<std::time::Duration> {
-        self.shared.hold.loss_bound()
+    /// How long the previous holder, if it did not release (its session
+    /// ended by an operator, a restart or a cut network), may go on
+    /// believing it holds the lease: the `confirm_within` its record gives
+    /// for a PostgreSQL lease (the largest allowed, 4 s, when it gives
+    /// none). `None` when it released cleanly, and for a lease file, whose
+    /// lock the kernel frees only once its holder let go or died. The
+    /// elector waits this out before a term's work starts.
+    pub fn predecessor_bound(&self) -> Option<std::time::Duration> {
+        if self.previous_released_cleanly() == Some(true) {
+            return None;
+        }
+        self.shared.hold.predecessor_bound(&self.shared.previous)
     }
 
     /// False when the lease file could only be opened read-only: the lock

@@ -77,6 +77,12 @@ pub struct Record {
     /// Whether a PostgreSQL holder's session is encrypted (TLS).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encrypted: Option<bool>,
+    /// A PostgreSQL holder's bound (`confirm_within`, milliseconds): how
+    /// long it may go on believing it holds the lease once the server
+    /// stopped confirming its session. A successor whose predecessor did
+    /// not release waits this out before it acts (the elector does).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confirm_within_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub released_at: Option<String>,
 }
@@ -153,6 +159,7 @@ impl Record {
             file_name: None,
             spelled_path: None,
             encrypted: None,
+            confirm_within_ms: None,
             released_at: None,
         })
     }

@@ -266,7 +266,7 @@ impl Elector {
                     continue;
                 }
             };
-            if let Some(bound) = fence(&lease) {
+            if let Some(bound) = lease.predecessor_bound() {
                 // The predecessor did not release: its session may have been
                 // ended under it, and it learns that only from its socket or
                 // once its bound passes. Its work may run until then.
@@ -373,17 +373,6 @@ impl Elector {
 impl Drop for Elector {
     fn drop(&mut self) {
         self.stop();
-    }
-}
-
-/// How long a new term must wait before its work starts: a predecessor
-/// that did not release cleanly may still be running its work until its
-/// bound passes (PostgreSQL; a lease file's lock is freed only by its
-/// holder's release or death).
-fn fence(lease: &crate::lease::Lease) -> Option<Duration> {
-    match lease.previous_released_cleanly() {
-        Some(true) => None,
-        _ => lease.loss_bound(),
     }
 }
 

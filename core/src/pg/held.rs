@@ -11,6 +11,7 @@ use super::session::Link;
 use crate::backend::{Engine, Held};
 use crate::error::{Error, Lost, Result};
 use crate::lease::{Check, Lease, Phase, Shared};
+use crate::record::Content;
 
 impl Held for Link {
     fn engine(&self) -> Engine {
@@ -73,11 +74,21 @@ impl Held for Link {
         self.hand_on()
     }
 
-    /// The server frees the lock the moment an operator or a restart ends
-    /// the session; its holder learns it from its socket, or, cut off,
-    /// once its bound passes without a confirmation.
-    fn loss_bound(&self) -> Option<std::time::Duration> {
-        Some(self.confirmed.bound())
+    /// The previous holder's bound, as its record gives it: the server
+    /// freed its lock the moment an operator or a restart ended its
+    /// session, and it learns that from its socket, or, cut off, once its
+    /// bound passes without a confirmation. Without one in the record (a
+    /// row from before bounds were recorded, or one that cannot be read),
+    /// the largest a lease may have.
+    fn predecessor_bound(&self, previous: &Content) -> Option<std::time::Duration> {
+        use super::target::{CONFIRM_MAX_MS, CONFIRM_MIN_MS};
+        let ms = previous
+            .record()
+            .and_then(|r| r.confirm_within_ms)
+            .map_or(CONFIRM_MAX_MS, |ms| {
+                ms.clamp(CONFIRM_MIN_MS, CONFIRM_MAX_MS)
+            });
+        Some(std::time::Duration::from_millis(ms))
     }
 
     fn as_any(&self) -> &dyn Any {

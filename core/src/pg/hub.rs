@@ -696,6 +696,7 @@ impl Hub {
             return req.alone();
         };
         rec.encrypted = Some(self.conn.tls.is_some());
+        rec.confirm_within_ms = Some(t.confirm_within.as_millis() as u64);
         let holder = rec.to_json();
         // The lock's note is this nonce: never empty, which is what a try
         // that did not lock notes.

@@ -727,6 +727,7 @@ impl Run {
         }
         let mut rec = Record::of_this_process(t.shown.clone(), &self.opts)?;
         rec.encrypted = Some(conn.tls.is_some());
+        rec.confirm_within_ms = Some(t.confirm_within.as_millis() as u64);
         let holder = rec.to_json();
         let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 3] = [
             (&t.name, Type::TEXT),

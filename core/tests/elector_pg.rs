@@ -1,0 +1,84 @@
+//! The elector's fence on PostgreSQL, between real processes on the test
+//! cluster (see postgres.rs): a leader whose session an operator ended
+//! goes on believing it leads until its own bound (`confirm_within`)
+//! passes, so its successor waits out that bound, the predecessor's as its
+//! record gives it, not the successor's own.
+#![cfg(feature = "postgres")]
+
+use std::io::{Read, Write};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sidelease::elector::{Elector, Outcome};
+use sidelease::{Lease, Options};
+
+mod common;
+use common::{env, terminate_holder, unique};
+
+fn url(name: &str, bound_ms: u64) -> String {
+    format!(
+        "{}?confirm_within={bound_ms}&lease={name}",
+        env("SIDELEASE_TEST_PG")
+    )
+}
+
+#[test]
+#[ignore = "run by the test below in a child process"]
+fn child_holds() {
+    let u = std::env::var("SIDELEASE_CHILD_URL").unwrap();
+    let _held = Lease::acquire(&u, &Options::new()).unwrap();
+    println!("HELD");
+    std::io::stdout().flush().unwrap();
+    std::thread::sleep(Duration::from_secs(600));
+}
+
+/// A predecessor in a child process holds the lease with its bound; an
+/// elector here with its own bound campaigns; the predecessor's session is
+/// terminated: how long from then until the new term began.
+fn fenced(predecessor_ms: u64, own_ms: u64) -> Duration {
+    let name = unique("fence");
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_holds", "--nocapture", "--include-ignored"])
+        .env("SIDELEASE_CHILD_URL", url(&name, predecessor_ms))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut seen = String::new();
+    let mut buf = [0u8; 256];
+    let out = child.stdout.as_mut().unwrap();
+    while !seen.contains("HELD") {
+        let n = out.read(&mut buf).unwrap();
+        assert!(n > 0, "the child ended: {seen}");
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    let e = Arc::new(Elector::new(url(&name, own_ms), &Options::new()).unwrap());
+    let c = e.clone();
+    let campaign = std::thread::spawn(move || {
+        let term = c.campaign().unwrap().expect("elected");
+        (Instant::now(), term)
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!campaign.is_finished(), "elected while the child holds");
+    let ended = Instant::now();
+    assert_eq!(terminate_holder(&name), 1);
+    let (began, term) = campaign.join().unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    term.step_down(Outcome::Returned);
+    began - ended
+}
+
+#[test]
+fn a_successor_waits_out_its_predecessors_bound_not_its_own() {
+    let longer = fenced(2000, 300);
+    assert!(
+        longer >= Duration::from_millis(2000) && longer < Duration::from_millis(3500),
+        "a predecessor with a 2 s bound, a successor with 0.3 s: began {longer:?} after"
+    );
+    let shorter = fenced(300, 2000);
+    assert!(
+        shorter >= Duration::from_millis(300) && shorter < Duration::from_millis(1500),
+        "a predecessor with a 0.3 s bound, a successor with 2 s: began {shorter:?} after"
+    );
+}
