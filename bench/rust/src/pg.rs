@@ -1,8 +1,11 @@
 //! PostgreSQL leases against the floor under them, in one run on one
 //! server: a bare `pg_try_advisory_lock` + `pg_advisory_unlock` on an open
-//! connection, and the same on a new connection each time (what a lease
-//! costs at least, since it has a connection of its own); the handoff beside
-//! a bare `pg_advisory_lock` waiter woken by an unlock.
+//! connection (what a lease on the process's shared session costs at
+//! least), the same on a new connection each time (what a lease on a
+//! connection of its own, `session=own`, costs at least); the handoff
+//! beside a bare `pg_advisory_lock` waiter woken by an unlock; and what
+//! 1,000 leases of one process hold: server sessions and descriptors.
+//! Every lease here says `sslmode=disable`, as the bare clients (NoTls).
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -21,6 +24,11 @@ fn bare_url(url: &str) -> String {
     url.split('?').next().unwrap_or(url).to_owned()
 }
 
+/// `url` (`…?lease=NAME`) for the lease `NAME-tag`, with `params`.
+fn lease(url: &str, tag: &str, params: &str) -> String {
+    format!("{url}-{tag}&sslmode=disable{params}")
+}
+
 async fn connect(url: &str) -> Client {
     let cfg = tokio_postgres::Config::from_str(&bare_url(url)).expect("url");
     let (client, conn) = cfg.connect(NoTls).await.expect("connect");
@@ -37,29 +45,29 @@ async fn lock_unlock(c: &Client) {
         .expect("unlock");
 }
 
+fn cycle(url: &str, n: usize) -> Value {
+    let opts = Options::new();
+    measure(n, || {
+        Lease::acquire(url, &opts)
+            .expect("acquire")
+            .release()
+            .expect("release");
+    })
+}
+
 pub(crate) fn run(url: &str, n: usize) -> Value {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("runtime");
-    let opts = Options::new();
-    let cycle = measure(n, || {
-        Lease::acquire(url, &opts)
-            .expect("acquire")
-            .release()
-            .expect("release");
-    });
-    // On a shared session (`session=shared`) that another lease keeps
-    // open: the lock and the row in one round trip, the release in another.
-    let shared_url = url.replacen("?lease=", "?session=shared&lease=", 1);
-    let anchor = Lease::acquire(format!("{shared_url}-anchor"), &opts).expect("anchor");
-    let shared = measure(n * 4, || {
-        Lease::acquire(&shared_url, &opts)
-            .expect("acquire")
-            .release()
-            .expect("release");
-    });
+    // A lease of its own: a connection, a session and a thread each time.
+    let own = cycle(&lease(url, "own", "&session=own"), n);
+    // On the process's shared session (the default), which another lease
+    // keeps open: the lock and the row in one round trip, the release in
+    // another.
+    let anchor = Lease::acquire(lease(url, "anchor", ""), &Options::new()).expect("anchor");
+    let shared = cycle(&lease(url, "shared", ""), n * 4);
     anchor.release().expect("release");
     let bare = rt.block_on(async {
         let c = connect(url).await;
@@ -83,12 +91,52 @@ pub(crate) fn run(url: &str, n: usize) -> Value {
         stats(ns)
     });
     json!({
-        "cycle": cycle,
+        "cycle": own,
         "shared_cycle": shared,
         "bare_round_trip": bare,
         "bare_connect_round_trip": bare_connect,
-        "handoff": handoff(url, n.min(50)),
+        // A lease name of its own: the row of one updated thousands of
+        // times just before is not what a handoff meets.
+        "handoff": handoff(&lease(url, "handoff", ""), n.min(50)),
         "bare_handoff": rt.block_on(bare_handoff(url, n.min(50))),
+        "thousand_leases": rt.block_on(thousand(url)),
+    })
+}
+
+/// 1,000 leases held by this process on one server: its server sessions
+/// (in `pg_stat_activity`, by application name) and its descriptors, each
+/// before and while they are held.
+async fn thousand(url: &str) -> Value {
+    let c = connect(url).await;
+    let me = std::process::id();
+    let sessions = || async {
+        c.query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE $1",
+            &[&format!("sidelease {me}@%")],
+        )
+        .await
+        .expect("pg_stat_activity")
+        .get::<_, i64>(0)
+    };
+    let fds = || {
+        std::fs::read_dir("/proc/self/fd")
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+    let (sessions_before, fds_before) = (sessions().await, fds());
+    let leases: Vec<Lease> = (0..1000)
+        .map(|i| {
+            Lease::acquire(lease(url, &format!("many-{i}"), ""), &Options::new()).expect("acquire")
+        })
+        .collect();
+    let (sessions_held, fds_held) = (sessions().await, fds());
+    for l in leases {
+        l.release().expect("release");
+    }
+    json!({
+        "leases": 1000,
+        "sessions": sessions_held - sessions_before,
+        "descriptors": fds_held.saturating_sub(fds_before),
     })
 }
 
