@@ -255,11 +255,17 @@ impl Shared {
             st.callbacks.clone()
         };
         // Callbacks first: whoever wakes on the descriptor finds them run.
+        // A callback that panics neither keeps the others, the descriptor
+        // or the other leases its thread tells (a shared session's) from
+        // being told, nor ends that thread.
+        let quietly = |f: &dyn Fn()| {
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        };
         for cb in callbacks {
-            cb(&lost);
+            quietly(&|| cb(&lost));
         }
         if let Some(hook) = LOST_HOOK.get() {
-            hook(&lost);
+            quietly(&|| hook(&lost));
         }
         if let Some(fd) = self.lost_fd.get() {
             fd.ring();
@@ -598,18 +604,17 @@ impl Lease {
         self.shared.record.generation
     }
 
-    /// How long the previous holder, if it did not release (its session
-    /// ended by an operator, a restart or a cut network), may go on
-    /// believing it holds the lease: the `confirm_within` its record gives
-    /// for a PostgreSQL lease (the largest allowed, 4 s, when it gives
-    /// none). `None` when it released cleanly, and for a lease file, whose
-    /// lock the kernel frees only once its holder let go or died. The
-    /// elector waits this out before a term's work starts.
+    /// How much longer a previous holder that did not release (its session
+    /// ended by an operator, a restart or a cut network) may go on
+    /// believing it holds the lease, as the server judged it when this
+    /// holder's row was written: the `confirm_within` its record gives (the
+    /// largest allowed, 4 s, when it gives none), from then; a clean
+    /// release in between passes the fence on. `None` when nothing is left,
+    /// and for a lease file, whose lock the kernel frees only once its
+    /// holder let go or died. The elector waits this out before a term's
+    /// work starts.
     pub fn predecessor_bound(&self) -> Option<std::time::Duration> {
-        if self.previous_released_cleanly() == Some(true) {
-            return None;
-        }
-        self.shared.hold.predecessor_bound(&self.shared.previous)
+        self.shared.hold.predecessor_bound()
     }
 
     /// False when the lease file could only be opened read-only: the lock
@@ -627,8 +632,10 @@ impl Lease {
     /// lease with a session of its own it is a copy of that session's
     /// socket, never to be read or written: while it is open the server
     /// keeps the session, and the lock, even after this process died (a
-    /// lease on the shared session is refused: it would keep every lease
-    /// of the process).
+    /// lease on the shared session, the default, is refused: it would keep
+    /// every lease of the process; acquire with
+    /// [`Options::inheritable`](crate::Options::inheritable) or
+    /// `session=own`).
     pub fn inheritable_fd(&self) -> Result<OwnedFd> {
         let s = self.live()?;
         s.hold.hand_on(s)

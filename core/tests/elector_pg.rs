@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sidelease::elector::{Elector, Outcome};
-use sidelease::{Lease, Options};
+use sidelease::{Lease, Options, Wait};
 
 mod common;
 use common::{env, terminate_holder, unique};
@@ -33,14 +33,11 @@ fn child_holds() {
     std::thread::sleep(Duration::from_secs(600));
 }
 
-/// A predecessor in a child process holds the lease with its bound; an
-/// elector here with its own bound campaigns; the predecessor's session is
-/// terminated: how long from then until the new term began.
-fn fenced(predecessor_ms: u64, own_ms: u64) -> Duration {
-    let name = unique("fence");
+/// A child process holding the lease `u` until killed.
+fn holder(u: &str) -> std::process::Child {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "child_holds", "--nocapture", "--include-ignored"])
-        .env("SIDELEASE_CHILD_URL", url(&name, predecessor_ms))
+        .env("SIDELEASE_CHILD_URL", u)
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -52,6 +49,15 @@ fn fenced(predecessor_ms: u64, own_ms: u64) -> Duration {
         assert!(n > 0, "the child ended: {seen}");
         seen.push_str(&String::from_utf8_lossy(&buf[..n]));
     }
+    child
+}
+
+/// A predecessor in a child process holds the lease with its bound; an
+/// elector here with its own bound campaigns; the predecessor's session is
+/// terminated: how long from then until the new term began.
+fn fenced(predecessor_ms: u64, own_ms: u64) -> Duration {
+    let name = unique("fence");
+    let mut child = holder(&url(&name, predecessor_ms));
     let e = Arc::new(Elector::new(url(&name, own_ms), &Options::new()).unwrap());
     let c = e.clone();
     let campaign = std::thread::spawn(move || {
@@ -81,4 +87,41 @@ fn a_successor_waits_out_its_predecessors_bound_not_its_own() {
         shorter >= Duration::from_millis(300) && shorter < Duration::from_millis(1500),
         "a predecessor with a 0.3 s bound, a successor with 2 s: began {shorter:?} after"
     );
+}
+
+/// A plain holder that took the lease after the predecessor's session was
+/// ended and released it at once hides nothing: the fence passes on.
+#[test]
+fn a_clean_release_in_between_passes_the_fence_on() {
+    let name = unique("carry");
+    let mut child = holder(&url(&name, 2000));
+    let ended = Instant::now();
+    assert_eq!(terminate_holder(&name), 1);
+    let between = Lease::acquire(
+        url(&name, 300),
+        &Options::new().wait(Wait::Timeout(Duration::from_secs(5))),
+    )
+    .unwrap();
+    assert_eq!(between.previous_released_cleanly(), Some(false));
+    assert!(between.predecessor_bound() > Some(Duration::from_millis(1000)));
+    between.release().unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let e = Elector::new(url(&name, 300), &Options::new()).unwrap();
+    let term = e.campaign().unwrap().expect("elected");
+    let began = ended.elapsed();
+    term.step_down(Outcome::Returned);
+    assert!(
+        began >= Duration::from_millis(2000) && began < Duration::from_millis(3500),
+        "after a predecessor with a 2 s bound and a clean holder between: began {began:?} after"
+    );
+    // Once passed, nothing is left to wait: the next term begins at once.
+    let t = Instant::now();
+    let term = e.campaign().unwrap().expect("elected");
+    assert!(
+        t.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        t.elapsed()
+    );
+    term.step_down(Outcome::Returned);
 }

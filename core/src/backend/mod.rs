@@ -20,7 +20,6 @@ use crate::inspect::Inspection;
 use crate::lease::{Check, Lease, Shared};
 use crate::options::Options;
 use crate::pg;
-use crate::record::Content;
 
 /// Which engine holds a target's lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,11 +140,11 @@ pub(crate) trait Held: Send + Sync + RefUnwindSafe + UnwindSafe {
     }
     /// A new descriptor that keeps the lock for a child process.
     fn hand_on(&self, s: &Shared) -> Result<OwnedFd>;
-    /// How long the previous holder, whose lock was taken from it (it did
-    /// not release), may go on believing it holds the lease, judged from
-    /// its record; `None` when the lock is freed only by its holder
+    /// How much longer a previous holder whose lock was taken from it (it
+    /// did not release) may go on believing it holds the lease; `None`
+    /// when nothing is left, or the lock is freed only by its holder
     /// letting go or dying.
-    fn predecessor_bound(&self, _previous: &Content) -> Option<Duration> {
+    fn predecessor_bound(&self) -> Option<Duration> {
         None
     }
     /// For the engine's own code, to reach its half of a [`Shared`].

@@ -553,6 +553,58 @@ pub(crate) async fn release_within(c: &Client, t: &Target, generation: i64) -> R
     }
 }
 
+/// The start of both holder-row writes (a lease's own session's, the
+/// shared session's): the server's clock in milliseconds, and the previous
+/// row's generation, record and release (`prev`), with its fence: until
+/// when a previous holder whose lock was taken from it may still believe
+/// it holds the lease, on the server's clock. A holder that did not release
+/// is given its bound (`confirm_within_ms` in its record; 4 s, the largest,
+/// when it does not say) from now, 2 ms more for its millisecond rounding;
+/// a fence a row carries (`fence_until_ms`) stands through clean releases,
+/// so a short holder in between hides none. At most 4 s from now, whatever
+/// a row says. `$1` is the name.
+const ROW_PREVIOUS: &str = "WITH clock AS (SELECT \
+         floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms), \
+     prev AS (SELECT generation, holder::text AS holder, \
+         to_char(released_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"') AS released_at, \
+         LEAST((SELECT ms FROM clock) + 4002, GREATEST( \
+             CASE WHEN jsonb_typeof(holder->'fence_until_ms') = 'number' \
+                  THEN LEAST((holder->>'fence_until_ms')::numeric, 1e15) ELSE 0 END, \
+             CASE WHEN released_at IS NOT NULL THEN 0 \
+                  ELSE (SELECT ms FROM clock) + 2 + \
+                       CASE WHEN jsonb_typeof(holder->'confirm_within_ms') = 'number' \
+                            THEN LEAST(GREATEST((holder->>'confirm_within_ms')::numeric, 100), 4000) \
+                            ELSE 4000 END END))::bigint AS fence \
+         FROM sidelease_leases WHERE name = $1), \
+     fence AS (SELECT COALESCE((SELECT fence FROM prev), 0) AS until) ";
+
+/// The record a holder-row write stores: the holder's (`$3`), with the
+/// fence it found while that lies ahead.
+const ROW_HOLDER: &str = "$3::jsonb || CASE WHEN (SELECT until FROM fence) > \
+     (SELECT ms FROM clock) THEN jsonb_build_object('fence_until_ms', (SELECT until FROM fence)) \
+     ELSE '{}'::jsonb END";
+
+/// What a holder-row write returns: the generation, the previous row's
+/// generation, record and release, the server backend, and how many
+/// milliseconds of the fence are left.
+const ROW_RETURNING: &str = "RETURNING t.generation, (SELECT generation FROM prev), \
+     (SELECT holder FROM prev), (SELECT released_at FROM prev), pg_backend_pid(), \
+     GREATEST((SELECT until FROM fence) - (SELECT ms FROM clock), 0)";
+
+/// The holder-row write: the generation grows (the fencing token), and the
+/// previous holder's record and the fence left come back. `$1` the name,
+/// `$2` the key, `$3` the holder's record; `guard` is the condition the
+/// row is written under (the shared session's checks, or `true`).
+pub(crate) fn upsert_sql(guard: &str) -> String {
+    format!(
+        "{ROW_PREVIOUS} INSERT INTO sidelease_leases AS t \
+         (name, key, generation, holder, acquired_at, released_at) \
+         SELECT $1, $2, 1, {ROW_HOLDER}, now(), NULL WHERE {guard} \
+         ON CONFLICT (name) DO UPDATE SET generation = t.generation + 1, key = EXCLUDED.key, \
+         holder = EXCLUDED.holder, acquired_at = now(), released_at = NULL {ROW_RETURNING}"
+    )
+}
+
 /// A release's row write: `$1` the name, `$2` the holder's generation.
 pub(crate) const UPDATE_RELEASED: &str =
     "UPDATE sidelease_leases SET released_at = now() WHERE name = $1 AND generation = $2";

@@ -11,7 +11,6 @@ use super::session::Link;
 use crate::backend::{Engine, Held};
 use crate::error::{Error, Lost, Result};
 use crate::lease::{Check, Lease, Phase, Shared};
-use crate::record::Content;
 
 impl Held for Link {
     fn engine(&self) -> Engine {
@@ -74,21 +73,15 @@ impl Held for Link {
         self.hand_on()
     }
 
-    /// The previous holder's bound, as its record gives it: the server
-    /// freed its lock the moment an operator or a restart ended its
-    /// session, and it learns that from its socket, or, cut off, once its
-    /// bound passes without a confirmation. Without one in the record (a
-    /// row from before bounds were recorded, or one that cannot be read),
-    /// the largest a lease may have.
-    fn predecessor_bound(&self, previous: &Content) -> Option<std::time::Duration> {
-        use super::target::{CONFIRM_MAX_MS, CONFIRM_MIN_MS};
-        let ms = previous
-            .record()
-            .and_then(|r| r.confirm_within_ms)
-            .map_or(CONFIRM_MAX_MS, |ms| {
-                ms.clamp(CONFIRM_MIN_MS, CONFIRM_MAX_MS)
-            });
-        Some(std::time::Duration::from_millis(ms))
+    /// What the server judged when the row was written: the previous
+    /// holder's bound from then if it did not release (as its record gives
+    /// it), or a fence an earlier one left that a clean release passed on.
+    fn predecessor_bound(&self) -> Option<std::time::Duration> {
+        Some(
+            self.fence_until
+                .saturating_duration_since(std::time::Instant::now()),
+        )
+        .filter(|left| !left.is_zero())
     }
 
     fn as_any(&self) -> &dyn Any {

@@ -26,12 +26,12 @@ use tokio_postgres::types::Type;
 use super::attempt::Slot;
 use super::confirm::{ended, silent, Confirmed, ENDED_GRACE};
 use super::conn::{
-    describe, heartbeat, in_order, io_error, open, pg_error, probe, unlock, Conn, CONNECT_TIMEOUT,
-    FOREIGN_LOCKS, POOLER_CHECK, ROW_LOCK_TIMEOUT, UPDATE_RELEASED,
+    describe, heartbeat, in_order, io_error, open, pg_error, probe, unlock, upsert_sql, Conn,
+    CONNECT_TIMEOUT, FOREIGN_LOCKS, POOLER_CHECK, ROW_LOCK_TIMEOUT, UPDATE_RELEASED,
 };
 use super::inspect::lock_holder;
 use super::local;
-use super::session::{self, contention, previous_of, Cmd, Link, HEARTBEAT_DEADLINE};
+use super::session::{self, contention, Cmd, Link, Written, HEARTBEAT_DEADLINE};
 use super::target::Target;
 use crate::error::{Error, Lost, Result};
 use crate::lease::Shared;
@@ -67,18 +67,13 @@ const GUARDED_LOCK: &str = "SELECT pg_backend_pid(), set_config('sidelease.locke
 /// The holder row, in the second: written (and the previous holder's
 /// record read) by the statement after the lock, so it sees the release
 /// the previous holder committed before unlocking, and only if this try's
-/// lock was granted.
-const GUARDED_UPSERT: &str = "WITH prev AS (SELECT generation, holder::text AS holder, \
-         to_char(released_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"') AS released_at \
-         FROM sidelease_leases WHERE name = $1) \
-     INSERT INTO sidelease_leases AS t (name, key, generation, holder, acquired_at, released_at) \
-     SELECT $1, $2, 1, $3::jsonb, now(), NULL \
-     WHERE current_setting('sidelease.session', true) IS NOT DISTINCT FROM $4 \
-       AND current_setting('sidelease.locked', true) = $5 \
-     ON CONFLICT (name) DO UPDATE SET generation = t.generation + 1, key = EXCLUDED.key, \
-         holder = EXCLUDED.holder, acquired_at = now(), released_at = NULL \
-     RETURNING t.generation, (SELECT generation FROM prev), (SELECT holder FROM prev), \
-         (SELECT released_at FROM prev), pg_backend_pid()";
+/// lock was granted. `$4` the session's value, `$5` the nonce.
+static GUARDED_UPSERT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    upsert_sql(
+        "current_setting('sidelease.session', true) IS NOT DISTINCT FROM $4 \
+         AND current_setting('sidelease.locked', true) = $5",
+    )
+});
 
 /// The unlock after the release's row write, in the same round trip: it
 /// runs only if that write committed (a row lock can time it out).
@@ -659,7 +654,7 @@ impl Hub {
                 tokio::try_join!(
                     c.prepare_typed(GUARDED_LOCK, &[Type::INT8, Type::TEXT, Type::TEXT]),
                     c.prepare_typed(
-                        GUARDED_UPSERT,
+                        &GUARDED_UPSERT,
                         &[Type::TEXT, Type::INT8, Type::TEXT, Type::TEXT, Type::TEXT]
                     ),
                     c.prepare_typed(UPDATE_RELEASED, &[Type::TEXT, Type::INT8]),
@@ -729,8 +724,19 @@ impl Hub {
             // since makes its plan fail.
             self.prepared = None;
         }
-        let got = matches!(&locked, Ok(rows) if rows.first()
-            .is_some_and(|r| r.get::<_, i32>(0) == self.pid && r.get::<_, bool>(1)));
+        if let Err(e) = &locked {
+            if !e.is_closed() {
+                // The statement failed after its lock may have been granted
+                // (cancelled, say): a session lock outlives the statement's
+                // transaction. Given back once the session answers again.
+                self.held.insert(t.key, Some((t.clone(), nonce)));
+                return req.alone();
+            }
+        }
+        let got = matches!(&locked, Ok(rows) if rows.first().is_some_and(|r| {
+            r.try_get::<_, i32>(0).is_ok_and(|p| p == self.pid)
+                && r.try_get::<_, bool>(1).unwrap_or(false)
+        }));
         if !got && locked.is_ok() && req.opts.wait == Wait::NoWait {
             // One attempt, and another process holds the lock: answer here
             // rather than open a connection only to be refused.
@@ -739,17 +745,23 @@ impl Hub {
             }
         }
         let written = match written {
-            Ok(mut rows) if got && rows.len() == 1 => Some(rows.remove(0)),
+            Ok(rows) if got && rows.len() == 1 => Written::of(&rows[0]).ok(),
             _ => None,
         };
-        let Some(row) = written.filter(|r| r.get::<_, i32>(4) == self.pid) else {
+        // Alone, an acquisition says what is wrong (a table made by hand
+        // whose columns the row cannot be read from, say).
+        let Some(written) = written.filter(|w| w.backend == self.pid) else {
             if got {
                 self.unlock_key(t.key).await;
             }
             return req.alone();
         };
-        let generation: i64 = row.get(0);
-        let previous = previous_of(row.get(1), row.get(2), row.get(3));
+        let Written {
+            generation,
+            previous,
+            fence,
+            ..
+        } = written;
         rec.generation = Some(generation as u64);
         let confirmed = Arc::new(Confirmed::new(t.confirm_within, sent));
         let link = Link::on_shared(
@@ -757,6 +769,7 @@ impl Hub {
             &t,
             (self.pid, generation),
             confirmed.clone(),
+            Instant::now() + fence,
         );
         let shared = Arc::new(Shared::new_remote(
             PathBuf::from(&t.shown),
@@ -873,6 +886,11 @@ impl Hub {
                 tokio::time::timeout(HEARTBEAT_DEADLINE, in_order(record, unlocked)).await
             }
         };
+        if matches!(&answered, Ok((Err(_), _) | (_, Err(_)))) {
+            // Prepared again on the next try (a proxy may have deallocated
+            // them, a table altered since fails their plan).
+            self.prepared = None;
+        }
         match answered {
             Ok((Ok(_), Ok(rows))) if rows.len() == 1 => Release::Done(Ok(())),
             Ok((Err(e), _)) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {

@@ -20,8 +20,9 @@ use super::attempt::Slot;
 use super::confirm::{ended, silent, Beat, Confirmed, ENDED_GRACE};
 use super::conn::{
     cancel, describe, heartbeat, holds, in_order, io_error, open, pg_error, pooler,
-    privilege_error, probe, release_within, set_lock_timeout, standby_error, unlock, Conn, Pooled,
-    CANCEL_GRACE, CANCEL_RETRY, CONNECT_TIMEOUT, FOREIGN_LOCKS, POOLER_CHECK, ROW_LOCK_TIMEOUT,
+    privilege_error, probe, release_within, set_lock_timeout, standby_error, unlock, upsert_sql,
+    Conn, Pooled, CANCEL_GRACE, CANCEL_RETRY, CONNECT_TIMEOUT, FOREIGN_LOCKS, POOLER_CHECK,
+    ROW_LOCK_TIMEOUT,
 };
 use super::local;
 use super::target::Target;
@@ -42,17 +43,8 @@ const RECONNECT_PAUSE: Duration = Duration::from_millis(250);
 
 pub const TABLE: &str = "sidelease_leases";
 
-/// The holder row's write: the generation grows (the fencing token), and the
-/// previous holder's record comes back.
-const UPSERT: &str = "WITH prev AS (SELECT generation, holder::text AS holder, \
-         to_char(released_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"') AS released_at \
-         FROM sidelease_leases WHERE name = $1) \
-     INSERT INTO sidelease_leases AS t (name, key, generation, holder, acquired_at, released_at) \
-     VALUES ($1, $2, 1, $3::jsonb, now(), NULL) \
-     ON CONFLICT (name) DO UPDATE SET generation = t.generation + 1, key = EXCLUDED.key, \
-         holder = EXCLUDED.holder, acquired_at = now(), released_at = NULL \
-     RETURNING t.generation, (SELECT generation FROM prev), (SELECT holder FROM prev), \
-         (SELECT released_at FROM prev), pg_backend_pid()";
+/// The holder row's write on a lease's own session.
+static UPSERT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| upsert_sql("true"));
 pub const TABLE_DDL: &str = "CREATE TABLE IF NOT EXISTS sidelease_leases (\
      name text PRIMARY KEY, key bigint NOT NULL UNIQUE, generation bigint NOT NULL, \
      holder jsonb NOT NULL, acquired_at timestamptz NOT NULL, released_at timestamptz)";
@@ -101,6 +93,10 @@ pub(crate) struct Link {
     /// On the shared session of its server: the lease's key and generation
     /// there.
     member: Option<(i64, i64)>,
+    /// Until when a previous holder whose lock was taken from it may still
+    /// believe it holds the lease, as the server judged it when the row
+    /// was written.
+    pub fence_until: std::time::Instant,
 }
 
 impl Drop for Link {
@@ -122,6 +118,7 @@ impl Link {
         t: &Target,
         (backend_pid, generation): (i32, i64),
         confirmed: Arc<Confirmed>,
+        fence_until: std::time::Instant,
     ) -> Link {
         Link {
             tx,
@@ -133,6 +130,7 @@ impl Link {
             backend_pid,
             confirmed,
             member: Some((t.key, generation)),
+            fence_until,
         }
     }
 
@@ -571,7 +569,7 @@ impl Run {
         let prepare = async {
             match table {
                 true => c
-                    .prepare_typed(UPSERT, &[Type::TEXT, Type::INT8, Type::TEXT])
+                    .prepare_typed(&UPSERT, &[Type::TEXT, Type::INT8, Type::TEXT])
                     .await
                     .ok(),
                 false => None,
@@ -689,8 +687,15 @@ impl Run {
         }
         let sent = Confirmed::clock();
         match self.write_row(&conn, pid, table, waited).await {
-            Ok((rec, previous, generation)) => {
-                self.hold(conn, rec, previous, generation, pid, sent).await
+            Ok((rec, written)) => {
+                let fence_until = std::time::Instant::now() + written.fence;
+                let Written {
+                    previous,
+                    generation,
+                    ..
+                } = written;
+                self.hold(conn, rec, previous, (generation, fence_until), pid, sent)
+                    .await
             }
             Err(e) => {
                 let _ = unlock(&conn.client, t.key).await;
@@ -706,7 +711,7 @@ impl Run {
         pid: i32,
         table: bool,
         waited: bool,
-    ) -> Result<(Record, Content, i64)> {
+    ) -> Result<(Record, Written)> {
         let t = &*self.target;
         let c = &conn.client;
         if !table {
@@ -741,7 +746,7 @@ impl Run {
                         params.iter().map(|p| p.0).collect();
                     c.query(stmt, &p).await
                 }
-                None => c.query_typed(UPSERT, &params).await,
+                None => c.query_typed(&UPSERT, &params).await,
             }
         };
         let rows = if waited || self.opts.wait != Wait::NoWait {
@@ -809,17 +814,12 @@ impl Run {
                 ))
             }
         };
-        let generation: i64 = row.get(0);
-        let prev_gen: Option<i64> = row.get(1);
-        let prev_holder: Option<String> = row.get(2);
-        let prev_released: Option<String> = row.get(3);
-        let now: i32 = row.get(4);
-        if now != pid {
-            return Err(pooler(t, Pooled::Backend(pid, Some(now))));
+        let written = Written::of(&row).map_err(|e| table_error(t, &e))?;
+        if written.backend != pid {
+            return Err(pooler(t, Pooled::Backend(pid, Some(written.backend))));
         }
-        let previous = previous_of(prev_gen, prev_holder, prev_released);
-        rec.generation = Some(generation as u64);
-        Ok((rec, previous, generation))
+        rec.generation = Some(written.generation as u64);
+        Ok((rec, written))
     }
 
     async fn hold(
@@ -827,7 +827,7 @@ impl Run {
         mut conn: Conn,
         rec: Record,
         previous: Content,
-        generation: i64,
+        (generation, fence_until): (i64, std::time::Instant),
         pid: i32,
         sent: u64,
     ) {
@@ -843,6 +843,7 @@ impl Run {
             backend_pid: pid,
             confirmed: Arc::new(Confirmed::new(t.confirm_within, sent)),
             member: None,
+            fence_until,
         };
         let confirmed = link.confirmed.clone();
         let shared = Arc::new(Shared::new_remote(
@@ -992,6 +993,41 @@ pub(crate) async fn contention(conn: &Conn, t: &Target, started: Instant) -> Con
 pub(crate) fn shared_lease(s: Arc<Shared>) -> Lease {
     s.add_handle();
     Lease::from_shared(s)
+}
+
+/// What a holder-row write returned.
+pub(crate) struct Written {
+    pub generation: i64,
+    pub previous: Content,
+    /// The server backend that wrote it.
+    pub backend: i32,
+    /// How long a previous holder whose lock was taken from it may still
+    /// believe it holds the lease, from when the row was written.
+    pub fence: Duration,
+}
+
+impl Written {
+    /// Read the row, a type no column of the library's table has (a table
+    /// made by hand) an error rather than a panic.
+    pub(crate) fn of(
+        row: &tokio_postgres::Row,
+    ) -> std::result::Result<Written, tokio_postgres::Error> {
+        Ok(Written {
+            generation: row.try_get(0)?,
+            previous: previous_of(row.try_get(1)?, row.try_get(2)?, row.try_get(3)?),
+            backend: row.try_get(4)?,
+            fence: Duration::from_millis(row.try_get::<_, i64>(5)?.max(0) as u64),
+        })
+    }
+}
+
+/// A holder row that cannot be read as the library writes it.
+pub(crate) fn table_error(t: &Target, e: &tokio_postgres::Error) -> Error {
+    io_error(
+        t,
+        "insert",
+        format!("{TABLE} is not the table the library makes ({TABLE_DDL}): {e}"),
+    )
 }
 
 /// The previous holder's record, from its row as the write returned it.
