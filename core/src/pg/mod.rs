@@ -3,12 +3,13 @@
 //! the lease is a session advisory lock held on a connection of the library,
 //! with a holder row (and its fencing generation) in `sidelease_leases`.
 //!
-//! Each lease (and each acquisition in flight) has its own thread running a
-//! single-threaded tokio runtime (`session.rs`), or, with `session=shared`,
-//! lives beside the process's other leases on its server's shared session
-//! (`hub.rs`): the callers' threads never block on the network beyond a
-//! release, the Node addon's runtime is never entered, and the server
-//! itself wakes a waiter (a blocking `pg_advisory_lock`).
+//! A lease lives beside the process's other leases on its server's shared
+//! session (`hub.rs`, the default), or, when it had to wait or its URL
+//! says `session=own`, on a connection of its own with a thread running a
+//! single-threaded tokio runtime (`session.rs`): the callers' threads
+//! never block on the network beyond a release, the Node addon's runtime
+//! is never entered, and the server itself wakes a waiter (a blocking
+//! `pg_advisory_lock`).
 
 #[cfg(feature = "postgres")]
 mod attempt;
