@@ -164,8 +164,12 @@ module.exports = function electors(core) {
       let failure = null;
       try {
         this.#tell('elected', { generation: lease.generation, lease, signal: controller.signal });
-        if (work) await work(lease, controller.signal);
-        else await aborted(controller.signal);
+        // Stopped as it was elected (before this term began): the work is
+        // not started, and the lease is released before stop() resolves.
+        if (!this.#stopped) {
+          if (work) await work(lease, controller.signal);
+          else await aborted(controller.signal);
+        }
       } catch (err) {
         // Work that ends by throwing its signal's reason ended as told.
         if (!(controller.signal.aborted && err === controller.signal.reason)) failure = err;

@@ -223,6 +223,8 @@ class Lease {
   // After release: what the acquisition learned, as JSON text, then parsed.
   #facts = null;
   #signal = null;
+  // The signal's controller while it can still abort (held, not aborted).
+  #controller = null;
 
   /** Not constructible: a lease comes from acquire() or acquireAsync(). */
   constructor(token, id) {
@@ -262,6 +264,10 @@ class Lease {
   /** Release this handle's share; a second call does nothing. */
   release() {
     if (this.#released) return;
+    // A loss not yet told to the signal (its callback is on the way) is
+    // told now: the signal says after release what it would have before.
+    this.#lostSeen();
+    this.#controller = null;
     const target = releasedChannel.hasSubscribers ? this.target : null;
     try {
       this.#facts = native.release(this.#id);
@@ -283,7 +289,31 @@ class Lease {
 
   /** Throws the SIDELEASE_LOST error if the lease was lost. */
   ensureHeld() {
-    call(native.ensureHeld, this.#id);
+    try {
+      call(native.ensureHeld, this.#id);
+    } catch (err) {
+      this.#lostNow(err);
+      throw err;
+    }
+  }
+
+  // A loss this thread just learned of aborts the signal now, before the
+  // caller hears of it (the native callback reaches the loop later).
+  #lostNow(err) {
+    const c = this.#controller;
+    if (c !== null && err && err.code === 'SIDELEASE_LOST' && !c.signal.aborted) {
+      this.#controller = null;
+      c.abort(err);
+    }
+  }
+
+  #lostSeen() {
+    if (this.#controller === null || call(native.state, this.#id) !== 'lost') return;
+    try {
+      call(native.ensureHeld, this.#id);
+    } catch (err) {
+      this.#lostNow(err);
+    }
   }
 
   /**
@@ -296,7 +326,9 @@ class Lease {
     try {
       await native.ensureHeldNow(this.#id);
     } catch (err) {
-      throw fromNative(err);
+      const e = fromNative(err);
+      if (!this.#released) this.#lostNow(e);
+      throw e;
     }
   }
 
@@ -313,12 +345,17 @@ class Lease {
   /** 'held', 'lost' (see `signal`) or 'released'. */
   get state() {
     if (this.#released) return 'released';
-    return call(native.state, this.#id);
+    const s = call(native.state, this.#id);
+    if (s === 'lost' && this.#controller !== null) this.#lostSeen();
+    return s;
   }
 
+  /** Why the lease was lost, or null; the same after release() as before. */
   get lostReason() {
-    if (this.#released) return null;
-    return call(native.lostReason, this.#id);
+    if (this.#released) return this.#facts === null ? null : this.#known('lostReason');
+    const r = call(native.lostReason, this.#id);
+    if (r !== null) this.#lostSeen();
+    return r;
   }
 
   get leasePath() {
@@ -359,19 +396,22 @@ class Lease {
     if (this.#signal) return this.#signal;
     const controller = new AbortController();
     this.#signal = controller.signal;
-    if (this.#released) return this.#signal;
+    if (this.#released) {
+      // As it would have been read before the release.
+      const reason = this.lostReason;
+      if (reason !== null) controller.abort(lostError(this.#known('lostMessage'), reason, this.leasePath));
+      return this.#signal;
+    }
     const leasePath = this.leasePath;
     const abort = (message) => {
-      // A handle released meanwhile wants to hear nothing more.
+      // Released meanwhile: it was not lost then, and stays so.
       if (this.#released || controller.signal.aborted) return;
+      this.#controller = null;
       controller.abort(lostError(message, this.lostReason, leasePath));
     };
-    if (this.state === 'lost') {
-      try {
-        this.ensureHeld();
-      } catch (err) {
-        controller.abort(err);
-      }
+    this.#controller = controller;
+    if (call(native.state, this.#id) === 'lost') {
+      this.#lostSeen();
     } else {
       this.onLost(abort);
     }

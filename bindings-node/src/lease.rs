@@ -109,8 +109,18 @@ pub fn release(env: &Env, handle: f64) -> Result<Option<JsString<'_>>> {
     let Some(lease) = handles::remove(id(handle)) else {
         return Ok(None);
     };
-    let facts = facts(&lease);
-    match lease.release().js() {
+    let mut facts = facts(&lease);
+    let released = lease.release().js();
+    // The loss the handle had (kept by the core at release): `lostReason`
+    // and `signal` answer after release as before.
+    let lost = lease.lost();
+    facts.pop(); // the closing brace
+    facts.push_str(",\"lostReason\":");
+    facts.push_str(&json_or_null(lost.as_ref().map(|l| l.reason.as_str())));
+    facts.push_str(",\"lostMessage\":");
+    facts.push_str(&json_or_null(lost.map(|l| l.to_string()).as_deref()));
+    facts.push('}');
+    match released {
         Ok(()) => text(env, &facts).map(Some),
         Err(e) => {
             handles::keep_facts(id(handle), facts);
@@ -129,6 +139,11 @@ fn text<'env>(env: &'env Env, s: &str) -> Result<JsString<'env>> {
         env.create_string(s)
     };
     made.map_err(|e| invalid("lease", &e.to_string()))
+}
+
+fn json_or_null(s: Option<&str>) -> String {
+    s.and_then(|s| serde_json::to_string(s).ok())
+        .unwrap_or_else(|| "null".into())
 }
 
 /// What a handle whose release failed had learned (once).
@@ -251,10 +266,7 @@ pub fn state(handle: f64) -> Result<String> {
 /// What happened, once the lease was lost (else null).
 #[napi]
 pub fn lost_reason(handle: f64) -> Result<Option<String>> {
-    handles::get(id(handle), |l| match l.state() {
-        sidelease::LeaseState::Lost(l) => Ok(Some(l.reason)),
-        _ => Ok(None),
-    })
+    handles::get(id(handle), |l| Ok(l.lost().map(|l| l.reason)))
 }
 
 /// Throw a SIDELEASE_LOST error if the lease was lost.

@@ -85,7 +85,9 @@ impl Elector {
                 if matches!(e, Event::Lost { .. }) {
                     return;
                 }
-                Python::attach(|py| {
+                // On any thread, and from a finalizer in the middle of a
+                // `raise` (the elector or term freed as a frame unwinds).
+                crate::reentry::calling_python(|py| {
                     let called = event_info(py, e)
                         .and_then(|(kind, info)| listener.call1(py, (kind, info)).map(drop));
                     if let Err(err) = called {

@@ -216,19 +216,16 @@ impl Lease {
 
     /// True once the lease was lost while held (its file replaced or
     /// deleted and another process holding the new one, or it could not be
-    /// put back).
+    /// put back); the same answer after release() as before it.
     #[getter]
     fn lost(&self) -> bool {
-        matches!(self.inner.state(), sidelease::LeaseState::Lost(_))
+        self.inner.lost().is_some()
     }
 
-    /// What happened, when the lease was lost.
+    /// What happened, when the lease was lost (also after release()).
     #[getter]
     fn lost_reason(&self) -> Option<String> {
-        match self.inner.state() {
-            sidelease::LeaseState::Lost(l) => Some(l.reason),
-            _ => None,
-        }
+        self.inner.lost().map(|l| l.reason)
     }
 
     /// Raise LeaseLost if the lease was lost (call it before work that must
@@ -337,7 +334,8 @@ impl Drop for Lease {
         }
         let inherited = self.inner.is_inherited();
         let _ = self.inner.release();
-        Python::attach(|py| {
+        // A finalizer: it may run while an exception is being raised.
+        crate::reentry::calling_python(|py| {
             let target = self.inner.target().display();
             let msg = if inherited {
                 format!(

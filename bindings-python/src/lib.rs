@@ -10,6 +10,7 @@ mod lease;
 mod lost;
 mod pending;
 mod progress;
+mod reentry;
 mod watch;
 
 use pyo3::prelude::*;

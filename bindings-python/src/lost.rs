@@ -39,7 +39,7 @@ extern "C" fn tell(_: *mut c_void) -> c_int {
     let me = std::process::id();
     let losses = std::mem::take(&mut *QUEUE.lock().unwrap_or_else(|e| e.into_inner()));
     // Pending calls run in the main thread with the GIL held.
-    Python::attach(|py| {
+    crate::reentry::calling_python(|py| {
         for (_, path, reason) in losses.into_iter().filter(|l| l.0 == me) {
             let told = py
                 .import("sidelease._elect")

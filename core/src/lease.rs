@@ -91,6 +91,12 @@ pub(crate) struct Shared {
     pub access: Access,
     handles: AtomicUsize,
     state: Mutex<State>,
+    /// The thread telling a loss (running its callbacks) until it is told:
+    /// whoever else finds the lease lost waits for that, so a term's
+    /// cancellation (a callback) has fired by the time `ensure_held`,
+    /// `state` or `lost` first report the loss.
+    telling: Mutex<Option<std::thread::ThreadId>>,
+    told: std::sync::Condvar,
     lost_fd: OnceLock<WakeFd>,
     /// The engine's half: what release, check and loss do for this lease.
     pub hold: Box<dyn Held>,
@@ -197,6 +203,8 @@ impl Shared {
                 failing_since: None,
                 contended: None,
             }),
+            telling: Mutex::new(None),
+            told: std::sync::Condvar::new(),
             lost_fd: OnceLock::new(),
             hold,
         }
@@ -252,6 +260,9 @@ impl Shared {
                 return;
             }
             st.phase = Phase::Lost(lost.clone());
+            // Under the state lock: a reader who sees `Lost` sees this.
+            *self.telling.lock().unwrap_or_else(|e| e.into_inner()) =
+                Some(std::thread::current().id());
             st.callbacks.clone()
         };
         // Callbacks first: whoever wakes on the descriptor finds them run.
@@ -270,7 +281,37 @@ impl Shared {
         if let Some(fd) = self.lost_fd.get() {
             fd.ring();
         }
+        *self.telling.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        self.told.notify_all();
     }
+
+    /// Called by whoever found the lease lost, before saying so: wait until
+    /// the loss was told (its callbacks ran), unless this thread is the
+    /// one telling it (a callback that asks).
+    pub(crate) fn await_told(&self) {
+        let me = std::thread::current().id();
+        let mut t = self.telling.lock().unwrap_or_else(|e| e.into_inner());
+        while t.is_some_and(|id| id != me) {
+            t = self.told.wait(t).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// `Err(Lost)` if the lease was lost (before asking the engine, or as its
+/// answer), once the loss was told.
+fn told(s: &Shared, engine: impl FnOnce() -> Result<()>) -> Result<()> {
+    let lost = match &s.state().phase {
+        Phase::Lost(l) => Some(l.clone()),
+        _ => None,
+    };
+    let r = match lost {
+        Some(l) => Err(Error::Lost(Box::new(l))),
+        None => engine(),
+    };
+    if matches!(r, Err(Error::Lost(_))) {
+        s.await_told();
+    }
+    r
 }
 
 static LOST_HOOK: OnceLock<fn(&Lost)> = OnceLock::new();
@@ -332,6 +373,9 @@ impl LeaseState {
 pub struct Lease {
     shared: Arc<Shared>,
     released: AtomicBool,
+    /// The loss this handle's lease had when the handle was released, so
+    /// that [`Lease::lost`] answers after release as it did before.
+    lost_at_release: OnceLock<Lost>,
 }
 
 impl std::fmt::Debug for Lease {
@@ -365,6 +409,7 @@ impl Lease {
         Lease {
             shared,
             released: AtomicBool::new(false),
+            lost_at_release: OnceLock::new(),
         }
     }
 
@@ -378,7 +423,15 @@ impl Lease {
     /// next holder runs its crash recovery. An error comes only from a
     /// PostgreSQL lease whose release could not be recorded on the server.
     pub fn release(&self) -> Result<()> {
-        if self.released.swap(true, Ordering::AcqRel) || !self.is_current() {
+        if self.is_released() || !self.is_current() {
+            return Ok(());
+        }
+        // Kept before the handle turns released: a reader never finds it
+        // released with its loss not yet kept.
+        if let LeaseState::Lost(l) = self.state() {
+            let _ = self.lost_at_release.set(l);
+        }
+        if self.released.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
         self.shared.hold.release(&self.shared)
@@ -444,10 +497,27 @@ impl Lease {
             return LeaseState::Released;
         }
         self.shared.hold.refresh(&self.shared);
-        match &self.shared.state().phase {
+        let phase = self.shared.state().phase.clone();
+        match phase {
             Phase::Held => LeaseState::Held,
-            Phase::Lost(l) => LeaseState::Lost(l.clone()),
+            Phase::Lost(l) => {
+                self.shared.await_told();
+                LeaseState::Lost(l)
+            }
             Phase::Released => LeaseState::Released,
+        }
+    }
+
+    /// The loss, once the lease was lost while this handle held it: the
+    /// same answer before and after [`Lease::release`] (a handle released
+    /// whole stays not lost, whatever happens to the lease later).
+    pub fn lost(&self) -> Option<Lost> {
+        if self.is_released() {
+            return self.lost_at_release.get().cloned();
+        }
+        match self.state() {
+            LeaseState::Lost(l) => Some(l),
+            _ => None,
         }
     }
 
@@ -472,10 +542,7 @@ impl Lease {
     /// is put back and a path that names another file is that I/O error.
     pub fn ensure_held(&self) -> Result<()> {
         let s = self.live()?;
-        if let Phase::Lost(l) = &s.state().phase {
-            return Err(Error::Lost(Box::new(l.clone())));
-        }
-        s.hold.ensure_held(self)
+        told(s, || s.hold.ensure_held(self))
     }
 
     /// [`Lease::ensure_held`], and for a PostgreSQL lease ask the server
@@ -484,10 +551,7 @@ impl Lease {
     /// and the bound has not passed yet (unknown, not lost).
     pub fn ensure_held_now(&self) -> Result<()> {
         let s = self.live()?;
-        if let Phase::Lost(l) = &s.state().phase {
-            return Err(Error::Lost(Box::new(l.clone())));
-        }
-        s.hold.ensure_held_now(self)
+        told(s, || s.hold.ensure_held_now(self))
     }
 
     /// A descriptor that turns readable when the lease is lost, or when its

@@ -214,13 +214,24 @@ def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
 
 
+# Tests only: called on the loop right after a campaign's term is handed
+# to the waiting task, before the task resumes (the window a cancel can
+# hit); see tests/test_cancel.py.
+_after_grant: Optional[Callable[[], None]] = None
+
+
 async def _campaign_async(elector: Elector) -> Optional[Term]:
     """Campaign on a thread of its own (the loop keeps running); cancelling
-    the task stops the elector and leaves nothing held."""
+    the task stops the elector and leaves nothing held by the time the
+    task's awaiter resumes: a term won meanwhile, or handed over but not yet
+    taken by the task, is stepped down first."""
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[Optional[Term]] = loop.create_future()
+    ended: asyncio.Future[None] = loop.create_future()  # the thread has delivered
 
     def deliver(result: Optional[Term], error: Optional[BaseException]) -> None:
+        if not ended.done():
+            ended.set_result(None)
         if fut.done():
             if result is not None:
                 result.step_down()
@@ -228,6 +239,8 @@ async def _campaign_async(elector: Elector) -> Optional[Term]:
             fut.set_exception(error)
         else:
             fut.set_result(result)
+            if result is not None and _after_grant is not None:
+                _after_grant()
 
     def campaign() -> None:
         try:
@@ -246,6 +259,19 @@ async def _campaign_async(elector: Elector) -> Optional[Term]:
         return await fut
     except asyncio.CancelledError:
         elector.stop()
+        # The campaign ends at once once stopped; until it has delivered, a
+        # term may still come. Further cancels change nothing: this one is
+        # raised once nothing is held.
+        while not ended.done():
+            try:
+                await asyncio.shield(ended)
+            except asyncio.CancelledError:
+                pass
+        # Cancelled after the term was handed over, before this task ran.
+        if fut.done() and not fut.cancelled() and fut.exception() is None:
+            term = fut.result()
+            if term is not None:
+                term.step_down()
         raise
 
 

@@ -125,6 +125,12 @@ impl Term {
     /// Why the work must end (`Lost` or `Stopped`); `None` while it may go
     /// on.
     pub fn cancelled(&self) -> Option<Ended> {
+        // Brought up to date as the lease's own answer is (a PostgreSQL
+        // lease whose bound passed is lost now, its cancellation fired), so
+        // the term never says "go on" once `ensure_held` says "lost".
+        if let Some(l) = &self.lease {
+            let _ = l.state();
+        }
         self.cancel.why()
     }
 

@@ -505,6 +505,9 @@ impl Hub {
                 self.pid
             )),
             Ok(Err(e)) if e.is_closed() => {
+                // A lease whose bound passed (this process was frozen) is
+                // lost now, not after the wait for the server's reason.
+                self.expire();
                 let why = format!("the lease's session failed: {}", describe(&e));
                 Err(
                     match tokio::time::timeout(ENDED_GRACE, &mut self.conn.task).await {

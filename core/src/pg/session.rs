@@ -909,6 +909,9 @@ impl Run {
             // The server's reason (a FATAL such as "terminating connection
             // due to administrator command") reaches the driver's task,
             // which may read it a moment after the statement failed.
+            // Unless the bound passed already (this process was frozen):
+            // the loss is told now, as `ensure_held` would.
+            Beat::Closed(_) if confirmed.expired() => silent(confirmed.bound()),
             Beat::Closed(why) => match tokio::time::timeout(ENDED_GRACE, &mut conn.task).await {
                 Ok(end @ Ok(Err(_))) => ended(end),
                 _ => why,
