@@ -85,7 +85,7 @@ for (const order of ['signal read before release', 'signal first read after rele
       assert.equal(lease.signal.reason.code, 'SIDELEASE_LOST');
       if (before) assert.deepEqual(before, after);
     } finally {
-      await rival.release();
+      rival.close();
     }
   });
 }
@@ -124,6 +124,6 @@ test("ensureHeld() reporting a loss has aborted the lease's signal and the term'
     await withTimeout(run, STEP, 'run()');
     assert.deepEqual(checked, [true, true]);
   } finally {
-    await rival.release();
+    rival.close();
   }
 });

@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import glob
+import json
 import os
 import pickle
 import random
+import signal
 import subprocess
 import sys
 import threading
@@ -320,3 +322,49 @@ def test_the_terms_cancellation_is_set_by_the_time_ensure_held_reports_the_loss(
         rival.stdin.write("\n")
         rival.stdin.close()
         rival.wait(10)
+
+
+FROZEN_LEADER = """
+import json, sys, time, sidelease
+elector = sidelease.Elector(sys.argv[1])
+term = elector.campaign()
+print("leading", flush=True)
+while True:
+    before = term.cancelled
+    try:
+        term.lease.ensure_held()
+    except sidelease.LeaseLost:
+        # What the work sees the moment the lease first says "lost".
+        print(json.dumps({"before": before, "after": term.cancelled, "fired": term.wait(0)}), flush=True)
+        break
+    except sidelease.LeaseOSError:
+        pass  # not known yet
+    time.sleep(0.002)
+elector.stop()
+elector.step_down(term)
+"""
+
+
+def test_a_leader_frozen_past_its_bound_finds_its_work_cancelled_when_ensure_held_says_lost() -> None:
+    """SIGSTOP across a PostgreSQL lease's bound (300 ms): on the first
+    check after SIGCONT, the term's cancellation has fired (and its
+    descriptor is readable) by the time ensure_held() reports the loss."""
+    from conftest import pg_url
+
+    for _ in range(3):
+        url = pg_url("frozen") + "&confirm_within=300"
+        child = subprocess.Popen([sys.executable, "-c", FROZEN_LEADER, url], stdout=subprocess.PIPE, text=True)
+        try:
+            assert child.stdout is not None and child.stdout.readline().strip() == "leading"
+            time.sleep(0.1)
+            os.kill(child.pid, signal.SIGSTOP)
+            time.sleep(1.0)
+            os.kill(child.pid, signal.SIGCONT)
+            seen = json.loads(child.stdout.readline())
+            assert child.wait(10) == 0
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+        assert seen["after"] is not None and seen["after"][0] == "lost", seen
+        assert seen["fired"] is True, seen
