@@ -649,8 +649,10 @@ sidelease_status sidelease_lease_lost_fd(const sidelease_lease *lease, int *out)
  * this thread, if it already was). It runs on the library's watcher
  * thread: keep it short, never block in it, and make `user_data` safe to
  * use from there. It must not free this lease. Callbacks have run by the
- * time the lost descriptor turns readable. A callback that is NULL is an
- * error.
+ * time the lost descriptor turns readable, and by the time
+ * `sidelease_lease_ensure_held()` or `sidelease_lease_state()` in any
+ * other thread report the loss (they wait for them). A callback that is
+ * NULL is an error.
  *
  * Returns SIDELEASE_OK, SIDELEASE_ERR_NULL_ARGUMENT or
  * SIDELEASE_ERR_INVALID_ARGUMENT (released handle).

@@ -55,21 +55,27 @@ test('lead() aborted at random moments around the grant holds nothing once it se
   assert.equal(heldAfter, 0);
 });
 
+// Call ensureHeld() in a loop, synchronously (the native loss callback
+// cannot reach the loop meanwhile), until it throws SIDELEASE_LOST (true)
+// or STEP passes (false).
+function spinUntilLost(lease) {
+  const deadline = Date.now() + STEP;
+  while (Date.now() < deadline) {
+    try {
+      lease.ensureHeld();
+    } catch (err) {
+      if (err.code === 'SIDELEASE_LOST') return true;
+    }
+  }
+  return false;
+}
+
 async function lostLease(dir) {
   const db = path.join(dir, 'app.db');
   const rival = await Holder.start(path.join(dir, 'rival.db'));
   const lease = sidelease.acquire(db);
   fs.renameSync(path.join(dir, 'rival.db.backend-lease'), lease.leasePath);
-  const deadline = Date.now() + STEP;
-  for (;;) {
-    try {
-      lease.ensureHeld();
-    } catch (err) {
-      if (err.code === 'SIDELEASE_LOST') break;
-    }
-    assert.ok(Date.now() < deadline, 'the loss was never seen');
-    await new Promise((r) => setTimeout(r, 2));
-  }
+  assert.ok(spinUntilLost(lease), 'the loss was never seen');
   return { lease, rival };
 }
 
@@ -107,17 +113,7 @@ test("ensureHeld() reporting a loss has aborted the lease's signal and the term'
     fs.renameSync(path.join(dir, 'rival.db.backend-lease'), lease.leasePath);
     // Synchronously, in one turn of the loop: the native loss callback
     // cannot have reached the loop yet.
-    const deadline = Date.now() + STEP;
-    for (;;) {
-      try {
-        lease.ensureHeld();
-      } catch (err) {
-        if (err.code !== 'SIDELEASE_LOST') continue;
-        checked = [lease.signal.aborted, signal.aborted];
-        break;
-      }
-      if (Date.now() > deadline) break;
-    }
+    if (spinUntilLost(lease)) checked = [lease.signal.aborted, signal.aborted];
     elector.stop();
   });
   try {

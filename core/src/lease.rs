@@ -575,7 +575,10 @@ impl Lease {
     }
 
     /// Call `f` (from the watcher thread) when the lease is lost; at once if
-    /// it already was. Keep `f` short and never block in it.
+    /// it already was. Keep `f` short and never block in it: another thread
+    /// that finds the lease lost (`ensure_held`, `state`) waits until every
+    /// such callback has run, so that what they cancel is cancelled before
+    /// the loss is reported. `f` itself may ask the lease.
     pub fn on_lost(&self, f: impl Fn(&Lost) + Send + Sync + 'static) -> Result<()> {
         let s = self.live()?;
         let f: Callback = Arc::new(f);
