@@ -493,7 +493,16 @@ echo run >> "$1"; wait"#;
     catches_sigterm(&c);
     signal(&c, libc::SIGTERM);
     wait_bounded(&mut c, Duration::from_secs(10));
-    let got = lines(&runs);
+    // Told before `lead` exited; the grandchild's trap runs once its
+    // `sleep 0.02` ends, which on a loaded machine can be after that.
+    let t0 = Instant::now();
+    let got = loop {
+        let got = lines(&runs);
+        if got.contains(&"CHILD-TERM".to_string()) || t0.elapsed() > Duration::from_secs(5) {
+            break got;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
     assert!(
         got.contains(&"CHILD-TERM".to_string()),
         "the grandchild was told: {got:?}"
