@@ -109,8 +109,9 @@ export declare function onLost(handle: number, callback: (arg: string) => void):
 export declare function previousJson(handle: number): string
 
 /**
- * null when the lease file could only be opened read-only (no record is
- * written, so this is not known).
+ * true only when the previous record says so; null when no record tells
+ * (an empty lease file: a first lease, or one deleted or emptied) or the
+ * file could only be opened read-only. Recover unless it is true.
  */
 export declare function previousReleasedCleanly(handle: number): boolean | null
 

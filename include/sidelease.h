@@ -482,17 +482,21 @@ sidelease_status sidelease_lease_record_json(const sidelease_lease *lease, char 
 sidelease_status sidelease_lease_previous_json(const sidelease_lease *lease, char **out);
 
 /**
- * Whether the previous holder released cleanly (false: it died holding the
- * lease, or left an unreadable record; run crash recovery).
+ * Whether the previous holder released cleanly: true only when its record
+ * says so; false when it died holding the lease, or left an unreadable
+ * record. Run crash recovery unless the answer is SIDELEASE_OK and true.
  *
  * Returns SIDELEASE_OK, SIDELEASE_ERR_NULL_ARGUMENT, or
- * SIDELEASE_ERR_UNKNOWN (`*out` untouched) when the lease file could only
- * be opened read-only: such a lease writes no record and cannot know.
+ * SIDELEASE_ERR_UNKNOWN (`*out` untouched) when no record tells: the lease
+ * file is empty (a first lease, or a file someone deleted or emptied), or
+ * could only be opened read-only (such a lease writes no record).
  */
 sidelease_status sidelease_lease_previous_released_cleanly(const sidelease_lease *lease, bool *out);
 
 /**
- * The fencing token: one more than the previous holder's generation.
+ * The fencing token: one more than the previous holder's generation; for
+ * a lease file with no record (a first lease, or one someone deleted or
+ * emptied), microseconds since 1970, above every one handed out before.
  *
  * Returns SIDELEASE_OK, SIDELEASE_ERR_NULL_ARGUMENT, or
  * SIDELEASE_ERR_UNKNOWN (`*out` untouched) when the lease file could only

@@ -238,8 +238,9 @@ pub fn previous_json(handle: f64) -> Result<String> {
     })
 }
 
-/// null when the lease file could only be opened read-only (no record is
-/// written, so this is not known).
+/// true only when the previous record says so; null when no record tells
+/// (an empty lease file: a first lease, or one deleted or emptied) or the
+/// file could only be opened read-only. Recover unless it is true.
 #[napi]
 pub fn previous_released_cleanly(handle: f64) -> Result<Option<bool>> {
     handles::get(id(handle), |l| Ok(l.previous_released_cleanly()))

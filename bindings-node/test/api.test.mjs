@@ -21,9 +21,12 @@ describe('acquire', () => {
     assert.equal(lease.record.pid, process.pid);
     assert.match(lease.record.runtime, isBun ? /^bun \d/ : /^node \d/);
     assert.deepEqual(lease.record.metadata, { app: 't', port: 8000 });
-    assert.equal(lease.generation, 1);
+    // A first lease file: the generation starts at the clock, and no
+    // record says how the last holder ended (issue 35).
+    const first = lease.generation;
+    assert.ok(first > 1_600_000_000_000_000 && Number.isSafeInteger(first), String(first));
     assert.equal(lease.previous, null);
-    assert.equal(lease.previousReleasedCleanly, true);
+    assert.equal(lease.previousReleasedCleanly, null);
     assert.equal(lease.recordWritten, true);
     assert.equal(lease.check(), 'held');
     assert.equal(lease.released, false);
@@ -32,7 +35,8 @@ describe('acquire', () => {
     assert.equal(lease.released, true);
     assert.throws(() => lease.check(), (e) => e.code === 'SIDELEASE_INVALID_ARGUMENT' && /released/.test(e.message));
     const again = sidelease.acquire(pathToFileURL(db));
-    assert.equal(again.generation, 2);
+    assert.equal(again.generation, first + 1);
+    assert.equal(again.previousReleasedCleanly, true);
     assert.ok(again.previous.released_at);
     again[Symbol.dispose]();
     assert.equal(again.released, true);

@@ -195,14 +195,17 @@ impl Lease {
             .transpose()
     }
 
-    /// None when the lease file could only be opened read-only (no record
-    /// is written, so this is not known).
+    /// True only when the previous record says so; False when the last
+    /// holder died holding the lease; None when no record tells (an empty
+    /// lease file: a first lease, or one deleted or emptied) or the file
+    /// could only be opened read-only. Recover unless it is True.
     #[getter]
     fn previous_released_cleanly(&self) -> Option<bool> {
         self.inner.previous_released_cleanly()
     }
 
-    /// The fencing token; None for a read-only lease file.
+    /// The fencing token, never repeated (a first lease starts at the
+    /// clock, microseconds since 1970); None for a read-only lease file.
     #[getter]
     fn generation(&self) -> Option<u64> {
         self.inner.generation()

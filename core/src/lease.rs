@@ -75,10 +75,6 @@ pub(crate) struct Shared {
     /// The previous record as the lease file held it (trimmed JSON), when
     /// it was one.
     pub previous_json: Option<String>,
-    /// The lease file was empty but had been written since it was created
-    /// (or the filesystem could not tell): nothing says how the last holder
-    /// ended.
-    pub emptied: bool,
     /// The lease file's path as the acquisition spelled it (absolute): when
     /// a symlink on the way makes it differ from `lease_path`, it too must
     /// lead to a file this lease holds (a deploy may flip the symlink; the
@@ -117,7 +113,6 @@ pub(crate) struct SharedInit {
     pub record: Record,
     pub previous: Content,
     pub previous_json: Option<String>,
-    pub emptied: bool,
     pub spelled: PathBuf,
     pub watched: bool,
     pub access: Access,
@@ -138,7 +133,6 @@ impl Shared {
             vec![init.anchor],
             Box::new(FileHold),
         );
-        s.emptied = init.emptied;
         s.watched = init.watched;
         s.spelled = init.spelled;
         s.previous_json = init.previous_json;
@@ -190,7 +184,6 @@ impl Shared {
             record_json,
             previous,
             previous_json: None,
-            emptied: false,
             writable,
             watched: false,
             access,
@@ -643,22 +636,22 @@ impl Lease {
         &self.shared.previous
     }
 
-    /// Whether the previous holder released cleanly. `Some(false)`: it died
-    /// holding the lease (its record has no `released_at`) or left a record
-    /// that cannot be read — run crash recovery. `Some(true)` for a new lease
-    /// file (created and never written). `None` when nothing can tell: the
-    /// file was emptied after it was written (or its filesystem keeps no
-    /// birth time to tell a new file from an emptied one), or this lease
-    /// could only open its file read-only (it writes nothing, so it cannot
-    /// know what the last writer's record means for the holders between).
-    /// Run crash recovery unless it is `Some(true)`.
+    /// Whether the previous holder released cleanly. `Some(true)` only when
+    /// its record proves it (`released_at`, written by a holder that had
+    /// not lost the lease). `Some(false)`: it died holding the lease (its
+    /// record has no `released_at`) or left a record that cannot be read —
+    /// run crash recovery. `None` when no record tells: the lease file is
+    /// empty (created now — a first lease, or one whose file an operator
+    /// deleted after a crash — or emptied), or this lease could only open
+    /// its file read-only. Run crash recovery unless it is `Some(true)`.
     pub fn previous_released_cleanly(&self) -> Option<bool> {
         if !self.shared.writable {
             return None;
         }
         match &self.shared.previous {
-            Content::Empty if self.shared.emptied => None,
-            Content::Empty => Some(true),
+            // No record says how the last holder ended: a file created
+            // now may have replaced a deleted one whose holder crashed.
+            Content::Empty => None,
             Content::Record(r) => Some(r.released_at.is_some()),
             Content::Unreadable => Some(false),
         }

@@ -65,21 +65,23 @@ fn a_free_lease_elects_at_once_and_stepping_down_frees_it() {
     let e = Elector::new(&db, &Options::new()).unwrap();
     let seen = recorder(&e);
     let term = elect(&e);
-    assert_eq!(term.generation(), Some(1));
+    // A first lease file: the generation starts at the clock (issue 35).
+    let g = term.generation().unwrap();
+    assert!(g > 1_600_000_000_000_000, "{g}");
     assert!(!is_free(&db));
     let s = e.snapshot();
     assert!(s.leading && s.leader_since.is_some());
-    assert_eq!((s.generation, s.elections, s.losses), (Some(1), 1, 0));
+    assert_eq!((s.generation, s.elections, s.losses), (Some(g), 1, 0));
     assert_eq!(term.cancelled(), None);
     assert_eq!(term.wait_cancelled(Some(Duration::from_millis(20))), None);
     assert_eq!(term.step_down(Outcome::Returned), Ended::Released);
     assert!(is_free(&db));
     let s = e.snapshot();
     assert!(!s.leading && s.leader_since.is_none());
-    assert_eq!(s.generation, Some(1));
+    assert_eq!(s.generation, Some(g));
     assert_eq!(
         *seen.lock().unwrap(),
-        ["elected Some(1)", "stepped down released"]
+        [format!("elected Some({g})"), "stepped down released".into()]
     );
 }
 

@@ -20,7 +20,7 @@ fn ensure_held_agrees_with_check_and_puts_the_file_back_itself() {
     assert_eq!(lease.check().unwrap(), Check::Held);
     let rec: serde_json::Value = serde_json::from_slice(&std::fs::read(&lp).unwrap()).unwrap();
     assert_eq!(rec["nonce"], lease.record().nonce.clone().unwrap().as_str());
-    assert_eq!(rec["generation"], 1);
+    assert_eq!(rec["generation"], lease.generation().unwrap());
 
     // Its directory gone: not lost (nobody holds a file at the path), but
     // not whole either, and ensure_held says so rather than passing.

@@ -4,9 +4,9 @@
 use std::os::unix::fs::symlink;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use sidelease::{inspect, Check, Error, Lease, Options, RecordStatus, State, Wait};
+use sidelease::{inspect, Check, Error, Lease, LeaseState, Options, RecordStatus, State, Wait};
 
 fn dir() -> tempfile::TempDir {
     tempfile::tempdir().unwrap()
@@ -19,7 +19,11 @@ fn handles_share_one_lease_and_the_last_release_frees_it() {
     let a = Lease::acquire(&db, &Options::new()).unwrap();
     let b = Lease::acquire(&db, &Options::new()).unwrap();
     assert_eq!(a.record().nonce, b.record().nonce);
-    assert_eq!(a.generation(), Some(1));
+    let g = a.generation().unwrap();
+    assert!(
+        g > 1_600_000_000_000_000,
+        "a first lease file starts at the clock: {g}"
+    );
     a.release().unwrap();
     a.release().unwrap();
     assert!(a.is_released());
@@ -30,7 +34,7 @@ fn handles_share_one_lease_and_the_last_release_frees_it() {
     assert_eq!(i.state, State::Free);
     assert_eq!(i.record_status, RecordStatus::Released);
     let c = Lease::acquire(&db, &Options::new()).unwrap();
-    assert_eq!(c.generation(), Some(2));
+    assert_eq!(c.generation(), Some(g + 1));
     assert_eq!(c.previous_released_cleanly(), Some(true));
 }
 
@@ -256,7 +260,9 @@ fn pseudo_filesystems_are_refused_unless_allowed() {
 fn torn_record_is_unreadable_and_counted_unclean_and_generation_grows() {
     let d = dir();
     let db = d.path().join("app.db");
-    drop(Lease::acquire(&db, &Options::new()).unwrap());
+    let first = Lease::acquire(&db, &Options::new()).unwrap();
+    let g = first.generation().unwrap();
+    drop(first);
     let lp = d.path().join("app.db.backend-lease");
     let mut bytes = std::fs::read(&lp).unwrap();
     bytes.extend_from_slice(b"tail of an older, longer record\"}");
@@ -264,7 +270,7 @@ fn torn_record_is_unreadable_and_counted_unclean_and_generation_grows() {
     let l = Lease::acquire(&db, &Options::new()).unwrap();
     assert!(l.previous().is_none());
     assert_eq!(l.previous_released_cleanly(), Some(false));
-    assert_eq!(l.generation(), Some(2));
+    assert_eq!(l.generation(), Some(g + 1));
 }
 
 #[test]
@@ -272,18 +278,14 @@ fn an_emptied_lease_file_is_no_new_lease_and_its_generation_cannot_repeat() {
     let d = dir();
     let db = d.path().join("app.db");
     let lp = d.path().join("app.db.backend-lease");
-    // A file someone created and nobody wrote: a new lease.
+    // A file someone created and nobody wrote: no record says how the
+    // last holder ended (it may have replaced a deleted lease file), and
+    // the generation starts at the clock, above every one handed out.
     std::fs::File::create(&lp).unwrap();
     let l = Lease::acquire(&db, &Options::new()).unwrap();
-    if cfg!(feature = "portable") {
-        // No birth time: an empty file another process made cannot be told
-        // from an emptied one, so the generation jumps to the clock.
-        assert!(l.generation().unwrap() > 1_600_000_000_000_000);
-        assert_eq!(l.previous_released_cleanly(), None);
-    } else {
-        assert_eq!(l.generation(), Some(1));
-        assert_eq!(l.previous_released_cleanly(), Some(true));
-    }
+    let first = l.generation().unwrap();
+    assert!(first > 1_600_000_000_000_000, "{first}");
+    assert_eq!(l.previous_released_cleanly(), None);
     drop(l);
     // The same file emptied after it held records (a log rotation's
     // copytruncate, `: > file`), later than the filesystem's clock tick: it
@@ -299,10 +301,44 @@ fn an_emptied_lease_file_is_no_new_lease_and_its_generation_cannot_repeat() {
     let l = Lease::acquire(&db, &Options::new()).unwrap();
     assert_eq!(l.previous_released_cleanly(), None);
     let g = l.generation().unwrap();
-    assert!(g > 1_000_000_000_000_000, "jumps to the clock: {g}");
+    assert!(g > first + 1, "jumps to the clock again: {g} after {first}");
     drop(l);
     // And grows one by one from there.
     let l = Lease::acquire(&db, &Options::new()).unwrap();
     assert_eq!(l.generation(), Some(g + 1));
     assert_eq!(l.previous_released_cleanly(), Some(true));
+}
+
+#[test]
+fn a_lost_holder_records_no_clean_release_and_the_next_generation_is_larger() {
+    // Issue 35: a rival's fresh, locked file renamed over the lease file
+    // takes the lease; once the rival lets go and the lost holder releases,
+    // the next holder's generation is above every earlier one (never 1
+    // again), and nothing says the last holder released cleanly.
+    use std::os::fd::AsFd;
+    let d = dir();
+    let db = d.path().join("app.db");
+    let lp = d.path().join("app.db.backend-lease");
+    drop(Lease::acquire(&db, &Options::new()).unwrap());
+    let held = Lease::acquire(&db, &Options::new()).unwrap();
+    let g = held.generation().unwrap();
+    let tmp = d.path().join("rival");
+    let rival = std::fs::File::create(&tmp).unwrap();
+    rustix::fs::flock(rival.as_fd(), rustix::fs::FlockOperation::LockExclusive).unwrap();
+    std::fs::rename(&tmp, &lp).unwrap();
+    let t0 = Instant::now();
+    while !matches!(held.state(), LeaseState::Lost(_)) {
+        assert!(t0.elapsed() < Duration::from_secs(10), "never lost");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    drop(rival);
+    held.release().unwrap();
+    let next = Lease::acquire(&db, &Options::new()).unwrap();
+    assert!(
+        next.generation().unwrap() > g,
+        "{:?} after {g}",
+        next.generation()
+    );
+    assert_eq!(next.previous_released_cleanly(), None);
+    assert!(next.previous().is_none());
 }

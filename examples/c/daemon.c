@@ -41,9 +41,11 @@ int main(int argc, char **argv) {
         fprintf(stderr, "daemon: another instance owns %s: %s\n", argv[1], msg);
         return st == SIDELEASE_ERR_IN_USE ? 75 : 71;
     }
-    bool clean = true;
-    sidelease_lease_previous_released_cleanly(lease, &clean);
-    if (!clean) printf("daemon: previous owner did not release cleanly; recovering\n");
+    /* Recover unless a record says the last owner released cleanly: an
+     * unknown answer (a first lease, a deleted lease file) recovers too. */
+    bool clean = false;
+    if (sidelease_lease_previous_released_cleanly(lease, &clean) != SIDELEASE_OK || !clean)
+        printf("daemon: no record says the previous owner released cleanly; recovering\n");
     printf("daemon: pid %d owns %s\n", (int)getpid(), argv[1]);
     fflush(stdout);
 

@@ -80,6 +80,11 @@ class Context:
         self.pg = pg.lease_url(os.path.basename(self.dir), via)
         # A PostgreSQL scenario: the server names the holder on any platform.
         self.pg_lease = False
+        # The lease file's generations: "$gen:new" is a first one (a file
+        # with no record jumps to the clock, above every earlier one),
+        # "$gen:+N" the one N acquisitions later.
+        self.gen_base: Optional[int] = None
+        self.gen_max = 0
 
     def agent(self, role: str) -> Agent:
         if role not in self.agents:
@@ -107,6 +112,25 @@ class Context:
             return {k: self.subst(x) for k, x in v.items()}
         return v
 
+    def generation(self, spec: str, got: Any, where: str) -> List[str]:
+        if not isinstance(got, int) or isinstance(got, bool):
+            return [f"{where}: expected a generation, got {got!r}"]
+        if spec == "new":
+            if got == self.gen_base:
+                return []  # the same answer matched again
+            # Microseconds since 1970: far above any counter from 1.
+            if got <= 10**15 or got <= self.gen_max:
+                return [f"{where}: expected a new clock-based generation above {self.gen_max}, got {got}"]
+            self.gen_base = got
+        else:
+            if self.gen_base is None:
+                return [f"{where}: $gen:{spec} before any $gen:new"]
+            want = self.gen_base + int(spec)
+            if got != want:
+                return [f"{where}: expected generation {want} ($gen:{spec}), got {got}"]
+        self.gen_max = max(self.gen_max, got)
+        return []
+
     def close(self) -> None:
         for a in self.agents.values():
             a.close()
@@ -124,7 +148,8 @@ class Context:
 
 def match(ctx: Context, expected: Any, got: Any, where: str = "") -> List[str]:
     """Subset match; "$pid:ROLE", "$runtime:ROLE", "$saved:KEY", "$any",
-    "$contains:TEXT" (with $pid: inside), "$in:A,B" (one of) are patterns."""
+    "$contains:TEXT" (with $pid: inside), "$in:A,B" (one of), "$gen:new" and
+    "$gen:+N" (see Context.generation) are patterns."""
     if isinstance(expected, dict):
         if not isinstance(got, dict):
             return [f"{where}: expected an object, got {got!r}"]
@@ -158,6 +183,8 @@ def match(ctx: Context, expected: Any, got: Any, where: str = "") -> List[str]:
         if expected.startswith("$saved:"):
             want = ctx.saved[expected[7:]]
             return [] if got == want else [f"{where}: expected saved {want!r}, got {got!r}"]
+        if expected.startswith("$gen:"):
+            return ctx.generation(expected[5:], got, where)
         if expected.startswith("$in:"):
             options = expected[4:].split(",")
             return [] if got in options else [f"{where}: expected one of {options}, got {got!r}"]
@@ -246,6 +273,11 @@ def run_step(ctx: Context, step: Dict[str, Any]) -> None:
         undo = faults.dir_op(step["op"], ctx.subst(step.get("path", "$sub")))
         if undo is not None:
             ctx.cleanups.append(undo)
+        return
+    elif kind == "let_go":  # the rivals of "file" steps close their descriptors
+        for fd in ctx.fds:
+            os.close(fd)
+        ctx.fds.clear()
         return
     elif kind == "sleep":
         time.sleep(step["seconds"])

@@ -24,7 +24,7 @@ use crate::error::{Contention, Error, Result};
 use crate::file::access::{self, Access};
 use crate::file::guard::{self, Orphan};
 use crate::file::holders;
-use crate::file::previous::{empty_is_new, next_generation, vouched_for, young};
+use crate::file::previous::{next_generation, vouched_for, young};
 use crate::file::watch;
 use crate::file::write_padded;
 use crate::lease::{Anchor, Lease, Shared, SharedInit};
@@ -107,8 +107,6 @@ struct OpenFile {
     /// It was given its grace already. Tracked per open descriptor, which
     /// pins the inode: a later file may reuse the inode number.
     graced: bool,
-    /// Written since it was created (`None`: the filesystem cannot tell).
-    written: Option<bool>,
     /// Untouched since its content was last written (see `vouched_for`).
     untouched: bool,
     /// What the guard's look before locking found (nothing): whether it was
@@ -497,10 +495,10 @@ impl FilePending {
         let open = |flags: OFlags, mode: u32| {
             registry::open_listed(|| Ok(rustix::fs::open(path, flags, Mode::from_raw_mode(mode))?))
         };
-        let (fd, slot, writable, created) = match open(base | OFlags::RDWR, 0) {
+        let (fd, slot, writable) = match open(base | OFlags::RDWR, 0) {
             Ok(r) => {
                 let (fd, slot) = r?;
-                (fd, slot, true, false)
+                (fd, slot, true)
             }
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
                 // A new lease file: check the filesystem before creating it.
@@ -524,7 +522,7 @@ impl FilePending {
                         let (fd, slot) = r?;
                         // SAFETY: just opened, and open until `OpenFile` closes it.
                         access::apply(unsafe { BorrowedFd::borrow_raw(fd) }, &access);
-                        (fd, slot, true, true)
+                        (fd, slot, true)
                     }
                     // Someone else made it in the meantime: open theirs.
                     Err(e) if e.raw_os_error() == Some(libc::EEXIST) => return Ok(Opened::Created),
@@ -552,7 +550,7 @@ impl FilePending {
                 match open(base | OFlags::RDONLY, 0) {
                     Ok(r) => {
                         let (fd, slot) = r?;
-                        (fd, slot, false, false)
+                        (fd, slot, false)
                     }
                     Err(e2) if e2.raw_os_error() == Some(libc::ENOENT) => {
                         return Err(open_error(path, e));
@@ -578,7 +576,6 @@ impl FilePending {
             age: None,
             waited: false,
             graced: false,
-            written: None,
             untouched: false,
             prechecked: None,
         };
@@ -607,10 +604,6 @@ impl FilePending {
         of.size = st.st_size as usize;
         of.access = access::of_file(st.st_mode, st.st_uid, st.st_gid);
         of.age = st.age;
-        // A file this process just made is new even where the filesystem
-        // keeps no birth time (the portable platform): whatever is in it by
-        // the time it is locked was written by someone, and says so.
-        of.written = st.written.or(created.then_some(false));
         of.untouched = st.untouched;
         Ok(Opened::File(of))
     }
@@ -664,9 +657,8 @@ impl FilePending {
             .open
             .take()
             .ok_or_else(|| Error::invalid("lease", "no open lease file"))?;
-        let new_file = empty_is_new(of.written);
         let generation = if of.writable {
-            Some(next_generation(&previous, bytes, new_file, &of.canon)?)
+            Some(next_generation(&previous, bytes, &of.canon)?)
         } else {
             None
         };
@@ -685,7 +677,6 @@ impl FilePending {
         };
         let key = of.key;
         let access = of.access;
-        let emptied = matches!(previous, Content::Empty) && !new_file;
         // The previous record as it was written (it parsed, so it is JSON).
         let previous_json =
             matches!(previous, Content::Record(_)).then(|| record::utf8(bytes.trim_ascii()));
@@ -696,7 +687,6 @@ impl FilePending {
             record: rec,
             previous,
             previous_json,
-            emptied,
             spelled: self.spelled.lease.clone(),
             watched: self.opts.watch,
             access,

@@ -30,13 +30,14 @@ impl Held for FileHold {
             return Ok(());
         }
         g.forget(s);
-        let (anchors, inherited) = {
+        let (anchors, inherited, lost) = {
             let mut st = s.state();
+            let lost = matches!(st.phase, Phase::Lost(_));
             st.phase = match std::mem::replace(&mut st.phase, Phase::Released) {
                 Phase::Lost(l) => Phase::Lost(l),
                 _ => Phase::Released,
             };
-            (std::mem::take(&mut st.anchors), st.inherited)
+            (std::mem::take(&mut st.anchors), st.inherited, lost)
         };
         // Wake whoever waits on the lost descriptor: the wait is over.
         s.ring_lost_fd();
@@ -52,7 +53,9 @@ impl Held for FileHold {
                 probe = Some(a);
                 continue;
             }
-            if a.writable {
+            // A holder that lost its lease never records a clean release:
+            // its work may have been cut short.
+            if a.writable && !lost {
                 let line = Record::released_line(&a.line, &stamp);
                 // Not written: the record says unreleased, the safe side.
                 let _ = write_padded(a.fd(), &s.lease_path, &line, a.len);
@@ -62,7 +65,7 @@ impl Held for FileHold {
             let _ = rustix::fs::flock(a.fd(), FlockOperation::Unlock);
             registry::close_listed(a.fd, a.slot);
         }
-        if let Some(a) = probe {
+        if let Some(a) = probe.filter(|_| !lost) {
             record_release_if_free(s, &a, &stamp);
         }
         drop(g);

@@ -1,8 +1,7 @@
 //! What the lease file tells a new holder before it writes: whether the
 //! previous record vouches that no former file is held (so the split guard
 //! may be skipped), how young the file is (a holder of a former one may not
-//! have put it back yet), whether an empty file is new or was emptied, and
-//! the next fencing generation.
+//! have put it back yet), and the next fencing generation.
 
 use std::path::Path;
 use std::time::Duration;
@@ -56,29 +55,16 @@ pub(crate) fn young(
     }
 }
 
-/// What an empty lease file means: a file created and never written is a
-/// new lease (generation 1, nothing to recover); one whose content was
-/// changed since it was created (truncated by a log rotation, a backup tool,
-/// `: > file`), or whose filesystem keeps no birth time, tells nothing of
-/// how its last holder ended.
-pub(crate) fn empty_is_new(written: Option<bool>) -> bool {
-    written == Some(false)
-}
-
 /// One more than the previous holder's generation; a generation that cannot
 /// grow refuses the lease rather than wrapping (the fencing token would
-/// repeat). Where the file no longer says what the last generation was (an
-/// emptied file, bytes naming none), the generation jumps to the clock
-/// ([`clock_floor`]) rather than starting again at 1.
-pub(crate) fn next_generation(
-    previous: &Content,
-    bytes: &[u8],
-    new_file: bool,
-    path: &Path,
-) -> Result<u64> {
+/// repeat). Where the file does not say what the last generation was — a
+/// file created now, an emptied one, bytes naming none — the generation
+/// jumps to the clock ([`clock_floor`]) rather than starting again at 1: a
+/// new file may be one that replaced a deleted lease file (an operator's
+/// `rm`, a rival's rename), whose holders counted up from an earlier jump.
+pub(crate) fn next_generation(previous: &Content, bytes: &[u8], path: &Path) -> Result<u64> {
     let prev = match previous {
         Content::Record(r) => Salvaged::Found(r.generation.unwrap_or(0)),
-        Content::Empty if new_file => Salvaged::Found(0),
         Content::Empty => Salvaged::Nothing,
         Content::Unreadable => record::salvage_generation(bytes),
     };
@@ -140,34 +126,32 @@ mod tests {
         let p = Path::new("/x");
         let max =
             Content::parse(format!("{{\"schema\":1,\"generation\":{}}}", u64::MAX).as_bytes());
-        let e = next_generation(&max, b"", true, p).unwrap_err();
+        let e = next_generation(&max, b"", p).unwrap_err();
         assert!(e.to_string().contains("cannot grow"), "{e}");
         let e = next_generation(
             &Content::Unreadable,
             b"\"generation\":99999999999999999999999",
-            true,
             p,
         )
         .unwrap_err();
         assert!(e.to_string().contains("64 bits"), "{e}");
-        assert_eq!(next_generation(&Content::Empty, b"", true, p).unwrap(), 1);
     }
 
     #[test]
     fn a_generation_that_was_wiped_out_jumps_past_every_earlier_one() {
         let p = Path::new("/x");
         let before = clock_floor();
-        // An emptied file, and bytes that name no generation: the clock.
-        let emptied = next_generation(&Content::Empty, b"", false, p).unwrap();
-        let garbage = next_generation(&Content::Unreadable, b"\0\0xx", true, p).unwrap();
-        for g in [emptied, garbage] {
+        // An empty file (new or emptied), and bytes that name no
+        // generation: the clock.
+        let empty = next_generation(&Content::Empty, b"", p).unwrap();
+        let garbage = next_generation(&Content::Unreadable, b"\0\0xx", p).unwrap();
+        for g in [empty, garbage] {
             assert!(g >= before && g <= clock_floor(), "{g}");
             // Far above any counter that started at 1.
             assert!(g > 1_000_000_000_000_000, "{g}");
         }
         // A torn record that still names its generation continues from it.
-        let torn = next_generation(&Content::Unreadable, b"{\"generation\":41,\"pi", true, p);
+        let torn = next_generation(&Content::Unreadable, b"{\"generation\":41,\"pi", p);
         assert_eq!(torn.unwrap(), 42);
-        assert!(!empty_is_new(None) && !empty_is_new(Some(true)) && empty_is_new(Some(false)));
     }
 }

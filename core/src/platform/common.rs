@@ -219,10 +219,6 @@ pub struct FileStat {
     pub st_uid: u32,
     pub st_gid: u32,
     pub age: Option<Duration>,
-    /// Whether the file was written since it was created (its modification
-    /// time differs from its birth time); `None` when the filesystem keeps
-    /// no birth time.
-    pub written: Option<bool>,
     /// Whether nothing happened to the inode since its content was last
     /// written (no rename, link, chmod: status-change time = modification
     /// time).

@@ -30,14 +30,24 @@ fn acquire(target: &str) -> serde_json::Value {
     json!({"cmd": "acquire", "target": target})
 }
 
+/// The generation after the one `got` (an acquisition's answer) reports.
+fn next(got: &serde_json::Value) -> serde_json::Value {
+    json!(got["generation"].as_u64().unwrap() + 1)
+}
+
 #[test]
 fn same_database_is_refused_naming_the_live_holder() {
     let d = Dir::new();
     let db = d.path("app.db");
     let (mut a, mut b) = (Agent::spawn(), Agent::spawn());
     let got = a.acquire_ok(&db);
-    assert_eq!(got["generation"], 1);
-    assert_eq!(got["previous_released_cleanly"], true);
+    // A first lease file: the clock, and no record to say how the last
+    // holder ended (issue 35).
+    assert!(
+        got["generation"].as_u64().unwrap() > 1_600_000_000_000_000,
+        "{got}"
+    );
+    assert_eq!(got["previous_released_cleanly"], json!(null));
     let e = b.acquire_err(acquire(&db), "in_use");
     assert_eq!(e["holder"]["pid"], a.pid);
     assert_eq!(e["holder"]["runtime"], "rust");
@@ -106,7 +116,10 @@ fn killed_holder_is_replaced_at_once(sig: i32) {
     assert_eq!(got["previous_released_cleanly"], false);
     assert_eq!(got["previous"]["pid"], a.pid);
     assert_eq!(got["previous"]["nonce"], first["record"]["nonce"]);
-    assert_eq!(got["generation"], 2);
+    assert_eq!(
+        got["generation"].as_u64(),
+        first["generation"].as_u64().map(|g| g + 1)
+    );
 }
 
 #[test]
@@ -186,6 +199,7 @@ fn guard_arm(mode: &str) {
     let db = d.path("job.db");
     let (mut a, mut b, mut c) = (Agent::spawn(), Agent::spawn(), Agent::spawn());
     let h = a.acquire_ok_with(json!({"cmd": "acquire", "target": db, "watch": false}));
+    let first_gen = h["generation"].as_u64().unwrap();
     let lp = h["lease_path"].as_str().unwrap().to_owned();
     tamper(&d, &lp, mode);
     let check = a.call(json!({"cmd": "check", "handle": h["handle"]}));
@@ -219,16 +233,20 @@ fn guard_arm(mode: &str) {
     let got = b.acquire_ok(&db);
     let generation = got["generation"].as_u64().unwrap();
     match mode {
-        // The record (or a faithful copy) names generation 1.
-        "stable" | "copy" => assert_eq!(generation, 2, "{got}"),
+        // The record (or a faithful copy) names the holder's generation.
+        "stable" | "copy" => assert_eq!(generation, first_gen + 1, "{got}"),
         // Bytes that name no generation: it jumps to the clock, past every
         // generation a counter from 1 could have reached, never 1 again.
         "replace" => {
             assert!(generation > 1_000_000_000_000_000, "{got}");
             assert_eq!(got["previous_released_cleanly"], false, "{got}");
         }
-        // A brand-new file (created and never written): a new lease.
-        _ => assert_eq!(generation, 1, "{got}"),
+        // A file made again after a move or a delete: the clock, above the
+        // holder's, never 1 again; no record says it was released.
+        _ => {
+            assert!(generation > first_gen, "{got}");
+            assert_eq!(got["previous_released_cleanly"], json!(null), "{got}");
+        }
     }
     c.acquire_err(acquire(&db), "in_use");
 }
@@ -267,7 +285,7 @@ fn watch_arm(mode: &str) {
         "the holder's own record"
     );
     assert_eq!(
-        rec["generation"], 1,
+        rec["generation"], h["generation"],
         "its own generation, so the chain goes on"
     );
     assert_eq!(
@@ -275,7 +293,7 @@ fn watch_arm(mode: &str) {
         true
     );
     let got = b.acquire_ok(&db);
-    assert_eq!(got["generation"], 2, "{got}");
+    assert_eq!(got["generation"], next(&h), "{got}");
     assert_eq!(got["previous_released_cleanly"], true, "{got}");
 }
 
@@ -908,7 +926,7 @@ fn a_stranger_cannot_block_the_lease_of_a_database_only_its_owner_writes() {
     let e = stranger.acquire_err(acquire(&db), "io");
     assert_eq!(e["errno"], libc::EACCES, "{e}");
     let mut again = Agent::spawn();
-    assert_eq!(again.acquire_ok(&db)["generation"], 2);
+    assert_eq!(again.acquire_ok(&db)["generation"], next(&h));
 }
 
 #[test]
@@ -927,7 +945,7 @@ fn a_group_writable_database_gets_a_lease_its_group_shares() {
     root.call(json!({"cmd": "release", "handle": h["handle"]}));
     let got = member.acquire_ok(&db);
     assert_eq!(got["record_written"], true, "{got}");
-    assert_eq!(got["generation"], 2, "{got}");
+    assert_eq!(got["generation"], next(&h), "{got}");
     root.acquire_err(acquire(&db), "in_use");
 }
 
@@ -954,7 +972,7 @@ fn a_lease_root_creates_for_another_users_database_belongs_to_that_user() {
     };
     let got = owner.acquire_ok(&db);
     assert_eq!(got["record_written"], true, "{got}");
-    assert_eq!(got["generation"], 2, "{got}");
+    assert_eq!(got["generation"], next(&h), "{got}");
 }
 
 #[test]
@@ -1002,7 +1020,10 @@ fn a_strangers_file_with_a_copied_record_does_not_block_the_lease() {
     // The first acquisition of a new lease file runs the split guard.
     let mut root = Agent::spawn();
     let got = root.acquire_ok(&db);
-    assert_eq!(got["generation"], 1, "{got}");
+    assert!(
+        got["generation"].as_u64().unwrap() > 1_600_000_000_000_000,
+        "a first lease file: the clock: {got}"
+    );
     let i = root.inspect(&db);
     assert_eq!(i["state"], "held", "{i}");
     assert_eq!(i["orphans"], json!([]), "{i}");

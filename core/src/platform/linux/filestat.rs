@@ -24,9 +24,6 @@ pub fn stat_with_age(fd: BorrowedFd<'_>) -> std::io::Result<FileStat> {
             .duration_since(born)
             .unwrap_or_default()
     });
-    let written = has_btime.then(|| {
-        (x.stx_mtime.tv_sec, x.stx_mtime.tv_nsec) != (x.stx_btime.tv_sec, x.stx_btime.tv_nsec)
-    });
     let untouched =
         (x.stx_ctime.tv_sec, x.stx_ctime.tv_nsec) == (x.stx_mtime.tv_sec, x.stx_mtime.tv_nsec);
     Ok(FileStat {
@@ -38,7 +35,6 @@ pub fn stat_with_age(fd: BorrowedFd<'_>) -> std::io::Result<FileStat> {
         st_uid: x.stx_uid,
         st_gid: x.stx_gid,
         age,
-        written,
         untouched,
     })
 }

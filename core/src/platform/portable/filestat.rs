@@ -1,8 +1,7 @@
 //! `fstat` of an open lease file. POSIX keeps no birth time: the age is
 //! taken from the last status change (creation, rename, link, chmod,
 //! write), never older than the file really is, so a file just created or
-//! renamed into place is young and given its grace; whether it was written
-//! since it was made is unknown.
+//! renamed into place is young and given its grace.
 
 use std::os::fd::BorrowedFd;
 use std::time::Duration;
@@ -23,7 +22,6 @@ pub fn stat_with_age(fd: BorrowedFd<'_>) -> std::io::Result<FileStat> {
         st_uid: st.st_uid,
         st_gid: st.st_gid,
         age: since(st.st_ctime as i64, st.st_ctime_nsec as i64),
-        written: None,
         untouched: (st.st_ctime, st.st_ctime_nsec) == (st.st_mtime, st.st_mtime_nsec),
     })
 }
