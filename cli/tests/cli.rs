@@ -574,3 +574,46 @@ fn a_mistyped_or_half_built_url_is_refused_never_a_lease_file() {
     // Nothing was made of it.
     assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0);
 }
+
+#[test]
+fn a_refusal_never_names_a_killed_hold_whose_command_keeps_the_lease() {
+    // Issue 35: `hold` SIGKILLed, its command holding the lease on: the
+    // refusal names the command (where the kernel lists lock holders) or
+    // nobody, never the dead `hold` its record names.
+    let d = tempfile::tempdir().unwrap();
+    let db = d.path().join("app.db");
+    let db = db.to_str().unwrap();
+    let mut child = Command::new(BIN)
+        .args(["hold", db, "--", "sh", "-c", "echo READY $$; read line"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let shell: u32 = line.trim().strip_prefix("READY ").unwrap().parse().unwrap();
+    let dead = child.id();
+    // SAFETY: kill(2) on a PID this test started; no memory is shared.
+    unsafe { libc::kill(dead as i32, libc::SIGKILL) };
+    wait_bounded(&mut child);
+    let refused = sidelease(&["hold", db, "--", "true"]);
+    let err = String::from_utf8_lossy(&refused.stderr).into_owned();
+    assert_eq!(refused.status.code(), Some(75), "{err}");
+    assert!(!err.contains(&format!("leased by pid {dead}")), "{err}");
+    if cfg!(feature = "portable") {
+        assert!(err.contains("leased by another process"), "{err}");
+        assert!(err.contains(&format!("record is of pid {dead}")), "{err}");
+        assert!(err.contains("not running here"), "{err}");
+    } else {
+        assert!(err.contains(&format!("leased by pid {shell}")), "{err}");
+    }
+    // End the command (our grandchild) by closing its stdin.
+    drop(child.stdin.take());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while status_json(db).0 != 0 {
+        assert!(Instant::now() < deadline, "the command kept the lease");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}

@@ -141,12 +141,28 @@ pub(crate) fn record_is_holder(r: &Record, holders: &[u32]) -> Result<(), String
             who()
         ));
     }
-    if holders.is_empty() {
-        // Nothing to compare with (a holder this reader cannot see).
-        return Ok(());
-    }
     let differs =
         |a: &Option<String>, b: &Option<String>| matches!((a, b), (Some(x), Some(y)) if x != y);
+    if holders.is_empty() {
+        // Nothing the kernel names to compare with (a platform that lists
+        // no lock holders, or a holder this reader cannot see). The record
+        // still names no holder when its process is not running here: a
+        // process it started, or handed the lease file to, holds the lock
+        // (a SIGKILLed `sidelease hold` whose command lives on). Never name
+        // a process that is not alive.
+        let local = !differs(&r.host, &me.host)
+            && !differs(&r.machine_id, &me.machine_id)
+            && !differs(&r.boot_id, &me.boot_id);
+        let gone = r.pid.is_some_and(|pid| process::alive(pid) == Some(false));
+        if local && gone {
+            return Err(format!(
+                "the lease file's record is of {}, which is not running here: a process it \
+                 started, or handed the lease file to, holds the lease",
+                who()
+            ));
+        }
+        return Ok(());
+    }
     if differs(&r.host, &me.host) || differs(&r.machine_id, &me.machine_id) {
         return Err(format!(
             "the lease file's record is of {}, another host",
