@@ -15,6 +15,7 @@ import json
 import os
 import pickle
 import random
+import select
 import signal
 import subprocess
 import sys
@@ -27,7 +28,7 @@ import pytest
 import sidelease
 from sidelease import _elect
 
-from conftest import RIVAL
+from conftest import RIVAL, STEP
 
 SUFFIX = ".backend-lease"
 
@@ -324,6 +325,15 @@ def test_the_terms_cancellation_is_set_by_the_time_ensure_held_reports_the_loss(
         rival.wait(10)
 
 
+def line_within(child: "subprocess.Popen[str]", seconds: float) -> str:
+    """The child's next line, or a failure after `seconds` (a campaign
+    that cannot reach its server retries for ever: never hang on it)."""
+    assert child.stdout is not None
+    ready, _, _ = select.select([child.stdout], [], [], seconds)
+    assert ready, f"no line from the child within {seconds}s"
+    return child.stdout.readline()
+
+
 FROZEN_LEADER = """
 import json, sys, time, sidelease
 elector = sidelease.Elector(sys.argv[1])
@@ -355,13 +365,13 @@ def test_a_leader_frozen_past_its_bound_finds_its_work_cancelled_when_ensure_hel
         url = pg_url("frozen") + "&confirm_within=300"
         child = subprocess.Popen([sys.executable, "-c", FROZEN_LEADER, url], stdout=subprocess.PIPE, text=True)
         try:
-            assert child.stdout is not None and child.stdout.readline().strip() == "leading"
+            assert line_within(child, STEP).strip() == "leading"
             time.sleep(0.1)
             os.kill(child.pid, signal.SIGSTOP)
             time.sleep(1.0)
             os.kill(child.pid, signal.SIGCONT)
-            seen = json.loads(child.stdout.readline())
-            assert child.wait(10) == 0
+            seen = json.loads(line_within(child, STEP))
+            assert child.wait(STEP) == 0
         finally:
             if child.poll() is None:
                 child.kill()
