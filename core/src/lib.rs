@@ -24,6 +24,7 @@
 mod backend;
 pub mod elector;
 mod error;
+mod faults;
 mod file;
 mod forkgate;
 mod inspect;

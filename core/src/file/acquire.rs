@@ -8,32 +8,30 @@
 //!
 //! The steady-state cycle on an existing lease file costs twelve system
 //! calls: `readlink` (is the target a symlink?), `open`, `readlink` of
-//! `/proc/self/fd/N` (the canonical name), `fstat`, `flock`, `lstat` (is the
-//! path still this file?), `pread`, `pwrite`, `inotify_add_watch` (the
-//! holder's watch), then at release `pwrite`, `flock(LOCK_UN)`, `close`.
+//! `/proc/self/fd/N` (the canonical name), `fstat`, `flock`, `pread`,
+//! `pwrite`, `lstat` (is the path still this file, now that our record is
+//! in it?), `inotify_add_watch` (the holder's watch), then at release
+//! `pwrite`, `flock(LOCK_UN)`, `close`.
 
 use std::os::fd::{BorrowedFd, RawFd};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rustix::fs::{FileType, FlockOperation, Mode, OFlags};
 use rustix::io::Errno;
 
 use crate::error::{Contention, Error, Result};
+use crate::faults;
 use crate::file::access::{self, Access};
-use crate::file::guard::{self, Orphan};
+use crate::file::guard::Orphan;
 use crate::file::holders;
-use crate::file::previous::{next_generation, vouched_for, young};
-use crate::file::watch;
-use crate::file::write_padded;
-use crate::lease::{Anchor, Lease, Shared, SharedInit};
+use crate::lease::{Anchor, Lease};
 use crate::options::{Options, Wait};
 use crate::path::{self, Spelled};
 use crate::platform::filestat::{self, stat_with_age};
 use crate::platform::notify::ChangeWatch;
 use crate::platform::{fskind, process};
-use crate::record::{self, Content, Record};
+use crate::record::{self, Content};
 use crate::registry::{self, Flight, Key};
 
 /// Times the lease file may turn out replaced between open and lock before
@@ -160,6 +158,9 @@ enum Opened {
 /// creating and removing it as fast as this one looks).
 const MAX_CREATE_RACES: u32 = 1000;
 
+mod claim;
+use claim::Claimed;
+
 /// One acquisition of a lease file in progress.
 pub(crate) struct FilePending {
     spelled: Spelled,
@@ -230,7 +231,10 @@ impl FilePending {
                     return Ok(Some(lease));
                 }
                 match self.open_file()? {
-                    Opened::File(of) => self.open = Some(of),
+                    Opened::File(of) => {
+                        faults::step("acquire.opened");
+                        self.open = Some(of);
+                    }
                     Opened::Moved => {
                         rounds += 1;
                         self.replaced_too_often(rounds)?;
@@ -311,91 +315,16 @@ impl FilePending {
                 }
                 Err(e) => return Err(Error::io("flock", &of.canon, e)),
             }
-            // Watch before the identity check: a replacement after the check
-            // is then an event for the holder's watch.
-            let ticket = if self.opts.watch {
-                watch::begin(of.fd())
-            } else {
-                None
-            };
-            // Locked: does the path, as the caller spelled it, still name
-            // this inode? (Its directory may have been renamed since the
-            // open, and the kernel's name for it with it.)
-            match rustix::fs::lstat(&self.spelled.lease) {
-                Ok(st) if (st.st_dev, st.st_ino) == key && st.st_nlink > 0 => {}
-                Ok(_) | Err(Errno::NOENT) | Err(Errno::NOTDIR) => {
-                    drop(flight);
-                    self.open = None; // closing drops the lock on the stale inode
+            match self.claim(flight)? {
+                Claimed::Lease(lease) => return Ok(Some(lease)),
+                Claimed::Waiting => return Ok(None),
+                Claimed::Again => continue,
+                Claimed::Replaced => {
                     rounds += 1;
                     self.replaced_too_often(rounds)?;
                     continue;
                 }
-                Err(e) => return Err(Error::io("lstat", &of.canon, e)),
             }
-            let bytes = process::read_at_most(of.fd(), of.size, record::RECORD_MAX_BYTES)
-                .map_err(|e| Error::io("pread", &of.canon, e))?;
-            let previous = if bytes.len() > record::RECORD_MAX_BYTES {
-                Content::Unreadable
-            } else {
-                Content::parse(&bytes)
-            };
-            let vouched = vouched_for(&previous, key, &of.canon, of.untouched);
-            let dir = self.dir_identity(&previous, key, vouched)?;
-            let (split_checked, undecided) = if !self.opts.split_guard {
-                (false, false)
-            } else if vouched {
-                (true, false)
-            } else if let Some(p) = of.prechecked {
-                p
-            } else {
-                let target = path::target_of(&of.canon, &self.opts.suffix);
-                let me = guard::Me {
-                    lease_path: &of.canon,
-                    spelled: &self.spelled.lease,
-                    target: &target,
-                    name: &self.spelled.name,
-                    dir,
-                    file_dev: Some(key.0),
-                };
-                let outcome = guard::check(of.fd(), &me)?;
-                if let Some(orphan) = outcome.orphan {
-                    // Keep the descriptor (no close event for our own
-                    // watch); unlock it so nobody waits on us.
-                    let _ = rustix::fs::flock(of.fd(), FlockOperation::Unlock);
-                    drop(flight);
-                    self.refused_by(orphan, key);
-                    return Ok(None);
-                }
-                (outcome.complete, outcome.undecided)
-            };
-            if (!split_checked || undecided)
-                && !of.waited
-                && !of.graced
-                && self.grace_spent < GRACE_BUDGET
-            {
-                if let Some(wait) = young(of.age, &previous, REANCHOR_GRACE) {
-                    self.grace_spent += wait;
-                    // Give a holder of a former file the moment it needs to
-                    // put it back (then the kernel refuses us).
-                    let _ = rustix::fs::flock(of.fd(), FlockOperation::Unlock);
-                    drop(flight);
-                    if let Some(of) = self.open.as_mut() {
-                        of.graced = true;
-                    }
-                    if self.opts.wait == Wait::NoWait {
-                        std::thread::sleep(wait);
-                        continue;
-                    }
-                    self.grace_until = Some(Instant::now() + wait);
-                    return Ok(None);
-                }
-            }
-            registry::get().lock().forget_refusal(&of.canon);
-            let lease = self.complete(previous, &bytes, dir, split_checked, flight)?;
-            if let Some(t) = ticket {
-                watch::attach(t, &lease.shared_arc());
-            }
-            return Ok(Some(lease));
         }
     }
 
@@ -410,42 +339,6 @@ impl FilePending {
         let reg = registry::get().lock();
         (young && !reg.held_last(&of.canon, of.key)) || reg.remembers_refusal(&of.canon)
     }
-
-    /// The guard's look, before locking: a former file still held. Nothing
-    /// found here is as good as nothing found after locking: a process that
-    /// holds a former file once this one locks the file at the path held it
-    /// already (it locked it while it was the file at the path, before this
-    /// attempt opened the one there now).
-    fn precheck(&mut self) -> Result<guard::Outcome> {
-        let Some(of) = self.open.as_ref() else {
-            return Err(Error::invalid("lease", "no open lease file"));
-        };
-        let dir = self.dir_identity(&Content::Empty, of.key, false)?;
-        let target = path::target_of(&of.canon, &self.opts.suffix);
-        let me = guard::Me {
-            lease_path: &of.canon,
-            spelled: &self.spelled.lease,
-            target: &target,
-            name: &self.spelled.name,
-            dir,
-            file_dev: Some(of.key.0),
-        };
-        let outcome = guard::precheck(of.fd(), of.key.1, &me);
-        if outcome.orphan.is_none() {
-            registry::get().lock().forget_refusal(&of.canon);
-        }
-        Ok(outcome)
-    }
-
-    /// Refused: a live process holds a former file of this lease.
-    fn refused_by(&mut self, orphan: Orphan, key: Key) {
-        if let Some(of) = &self.open {
-            registry::get().lock().remember_refusal(&of.canon);
-        }
-        self.orphan = Some(orphan);
-        self.arm_watch(key);
-    }
-
     fn replaced_too_often(&self, rounds: u32) -> Result<()> {
         if rounds >= MAX_REPLACED_ROUNDS {
             return Err(Error::io(
@@ -607,28 +500,6 @@ impl FilePending {
         of.untouched = st.untouched;
         Ok(Opened::File(of))
     }
-
-    /// The lease file's directory as (device, inode): copied from the
-    /// previous record when it was written for this very file at this very
-    /// path (no `stat` in the steady state), otherwise looked up.
-    fn dir_identity(&self, previous: &Content, key: Key, vouched: bool) -> Result<(u64, u64)> {
-        let Some(of) = self.open.as_ref() else {
-            return Err(Error::invalid("lease", "no open lease file"));
-        };
-        if let Content::Record(r) = previous {
-            if vouched || (r.device, r.inode) == (Some(key.0), Some(key.1)) {
-                if let (Some(d), Some(i), Some(lp)) = (r.dir_device, r.dir_inode, &r.lease_path) {
-                    if Path::new(lp) == of.canon {
-                        return Ok((d, i));
-                    }
-                }
-            }
-        }
-        let dir = path::parent_of(&of.canon);
-        let st = rustix::fs::stat(dir).map_err(|e| Error::io("stat", dir, e))?;
-        Ok((st.st_dev, st.st_ino))
-    }
-
     /// Watch the lease file for a holder's close. Returns true when a new
     /// watch was set (the caller retries once before sleeping).
     fn arm_watch(&mut self, key: Key) -> bool {
@@ -643,87 +514,6 @@ impl FilePending {
             .get_or_insert_with(ChangeWatch::new)
             .arm(&path, key)
     }
-
-    /// Locked and verified: write our record, register, return the handle.
-    fn complete(
-        &mut self,
-        previous: Content,
-        bytes: &[u8],
-        dir: (u64, u64),
-        split_checked: bool,
-        flight: Flight,
-    ) -> Result<Lease> {
-        let of = self
-            .open
-            .take()
-            .ok_or_else(|| Error::invalid("lease", "no open lease file"))?;
-        let generation = if of.writable {
-            Some(next_generation(&previous, bytes, &of.canon)?)
-        } else {
-            None
-        };
-        let rec = self.new_record(&of, generation, dir, split_checked)?;
-        let line = rec.to_line();
-        let len = if of.writable {
-            match write_padded(of.fd(), &of.canon, &line, bytes.len()) {
-                Ok(n) => n,
-                Err(e) => {
-                    let _ = rustix::fs::flock(of.fd(), FlockOperation::Unlock);
-                    return Err(e);
-                }
-            }
-        } else {
-            bytes.len()
-        };
-        let key = of.key;
-        let access = of.access;
-        // The previous record as it was written (it parsed, so it is JSON).
-        let previous_json =
-            matches!(previous, Content::Record(_)).then(|| record::utf8(bytes.trim_ascii()));
-        let (anchor, canon) = of.into_anchor(line, len);
-        let shared = Arc::new(Shared::new(SharedInit {
-            target: path::target_of(&canon, &self.opts.suffix),
-            lease_path: canon,
-            record: rec,
-            previous,
-            previous_json,
-            spelled: self.spelled.lease.clone(),
-            watched: self.opts.watch,
-            access,
-            anchor,
-        }));
-        let reg = registry::get();
-        let mut g = reg.lock();
-        g.insert(key, shared.clone());
-        g.note_held(&shared.lease_path, key);
-        flight.end_locked(&mut g);
-        drop(g);
-        Ok(Lease::from_shared(shared))
-    }
-
-    fn new_record(
-        &self,
-        of: &OpenFile,
-        generation: Option<u64>,
-        dir: (u64, u64),
-        split_checked: bool,
-    ) -> Result<Record> {
-        let target = path::target_of(&of.canon, &self.opts.suffix);
-        Ok(Record {
-            generation,
-            lease_path: Some(of.canon.to_string_lossy().into_owned()),
-            device: Some(of.key.0),
-            inode: Some(of.key.1),
-            split_checked: Some(split_checked),
-            dir_device: Some(dir.0),
-            dir_inode: Some(dir.1),
-            file_name: Some(self.spelled.name.to_string_lossy().into_owned()),
-            spelled_path: (self.spelled.lease != of.canon)
-                .then(|| self.spelled.lease.to_string_lossy().into_owned()),
-            ..Record::of_this_process(target.to_string_lossy().into_owned(), &self.opts)?
-        })
-    }
-
     /// The descriptor that turns readable when the lease file changed, or
     /// `None` when the waiter must poll (no inotify instance to be had).
     pub fn wait_fd(&self) -> Option<BorrowedFd<'_>> {

@@ -15,6 +15,7 @@ use rustix::fs::{FlockOperation, Mode, OFlags};
 use rustix::io::Errno;
 
 use crate::error::Lost;
+use crate::faults;
 use crate::file::access::{self, Access};
 use crate::file::holders::{self, Lockers};
 use crate::file::watch;
@@ -223,6 +224,7 @@ fn seconds(d: Duration) -> String {
 }
 
 fn reanchor(shared: &Arc<Shared>, path: &Path, replaced: bool) -> Outcome {
+    faults::step("anchor.begin");
     // Threads of this process acquiring the same lease wait for the
     // re-anchor (and then share it) instead of racing it for the new file.
     let id = registry::attempt_id();
@@ -254,6 +256,7 @@ fn reanchor(shared: &Arc<Shared>, path: &Path, replaced: bool) -> Outcome {
                 );
             }
         };
+        faults::step("anchor.opened");
         // SAFETY: open until closed below or handed to the anchor.
         let bfd = unsafe { BorrowedFd::borrow_raw(fd) };
         let Ok(fst) = rustix::fs::fstat(bfd) else {
@@ -302,6 +305,7 @@ fn reanchor(shared: &Arc<Shared>, path: &Path, replaced: bool) -> Outcome {
                 continue;
             }
         }
+        faults::step("anchor.locked");
         // Watched before the identity check, so a replacement after the
         // check is an event (the watch stays on a file we end up not
         // holding; it is removed when it next fires).
@@ -320,6 +324,7 @@ fn reanchor(shared: &Arc<Shared>, path: &Path, replaced: bool) -> Outcome {
         let dir = rustix::fs::stat(crate::path::parent_of(path))
             .map(|d| (d.st_dev, d.st_ino))
             .unwrap_or((0, 0));
+        faults::step("anchor.checked");
         let rec = Record {
             device: Some(key.0),
             inode: Some(key.1),

@@ -138,6 +138,7 @@ pub(crate) fn scan(home: (u32, u32), current: Option<u64>, me: &Me<'_>, first_on
     let Ok(all) = locks::exclusive_flock_locks() else {
         return out; // incomplete: no kernel view
     };
+    crate::faults::step("guard.listed");
     let (major, minor) = home;
     let own = own_leases_elsewhere(me);
     // One look at each holder's descriptors for all its candidates: a
@@ -159,6 +160,7 @@ pub(crate) fn scan(home: (u32, u32), current: Option<u64>, me: &Me<'_>, first_on
     }
     let mut unresolved: Vec<KernelKey> = Vec::new();
     for (pid, keys) in by_pid {
+        crate::faults::step("guard.process");
         let inos: Vec<u64> = keys.iter().map(|k| k.ino).collect();
         match process::fds_on(pid, &inos) {
             FdScan::Found(open) => {

@@ -55,11 +55,13 @@ impl Held for FileHold {
             }
             // A holder that lost its lease never records a clean release:
             // its work may have been cut short.
+            crate::faults::step("release.anchor");
             if a.writable && !lost {
                 let line = Record::released_line(&a.line, &stamp);
                 // Not written: the record says unreleased, the safe side.
                 let _ = write_padded(a.fd(), &s.lease_path, &line, a.len);
             }
+            crate::faults::step("release.written");
             // Unlock before closing: a child forked a moment ago that has not
             // run its fork handler yet shares this open file description.
             let _ = rustix::fs::flock(a.fd(), FlockOperation::Unlock);

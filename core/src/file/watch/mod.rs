@@ -287,6 +287,7 @@ impl Watcher {
             check.sort_by_key(|s| Arc::as_ptr(s) as usize);
             check.dedup_by(|a, b| Arc::ptr_eq(a, b));
             for s in check {
+                crate::faults::step("watch.check");
                 let v = sweep || verify.iter().any(|m| Arc::ptr_eq(m, &s));
                 if let Some(at) = anchor::check(&s, v) {
                     self.state().retry.push((Arc::downgrade(&s), at));
