@@ -7,10 +7,14 @@ use std::os::fd::AsRawFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, ExitCode, ExitStatus};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use sidelease::Lease;
 
 use crate::EXIT_ERROR;
+
+/// How often an escalation looks whether the command ended.
+const ESCALATION_TICK: Duration = Duration::from_millis(10);
 
 /// Where forwarded signals go: the command's PID once it runs, and a signal
 /// that came before that, delivered as soon as it does.
@@ -23,6 +27,9 @@ pub struct Forward {
     /// A command ended and the next was not armed for: a signal now (a
     /// loss told after the command ended) is for nobody.
     idle: bool,
+    /// Which command this is (one more for each started): an escalation
+    /// meant for one never reaches the next.
+    run: u64,
 }
 
 impl Forward {
@@ -44,9 +51,51 @@ impl Forward {
 
     pub fn started(&mut self, pid: i32) {
         self.pid = pid;
+        self.run += 1;
         if let Some(sig) = self.pending.take() {
             self.send(sig);
         }
+    }
+
+    /// Send `sig` to the command, then SIGKILL after `grace` unless that
+    /// very command ended by then (the `--on-lost term` escalation: a
+    /// command that traps or ignores SIGTERM must not keep working for
+    /// long beside the next holder's).
+    pub fn send_then_kill(forward: &Arc<Mutex<Forward>>, sig: i32, grace: Duration) {
+        let (run, signalled) = {
+            let mut f = slot(forward);
+            f.send(sig);
+            // Running: this command; pending: the one about to start.
+            let run = if f.pid > 0 { f.run } else { f.run + 1 };
+            (run, f.pid > 0 || f.pending.is_some())
+        };
+        if !signalled {
+            return;
+        }
+        let forward = forward.clone();
+        std::thread::spawn(move || {
+            let until = Instant::now() + grace;
+            loop {
+                {
+                    let mut f = slot(&forward);
+                    let running = f.run == run && f.pid > 0;
+                    let to_come = f.run < run && f.pending.is_some();
+                    if !running && !to_come {
+                        return; // it ended, or never started
+                    }
+                    if running && Instant::now() >= until {
+                        eprintln!(
+                            "sidelease: the command did not end within {:.1}s of the signal: \
+                             sending SIGKILL",
+                            grace.as_secs_f64()
+                        );
+                        f.send(libc::SIGKILL);
+                        return;
+                    }
+                }
+                std::thread::sleep(ESCALATION_TICK.min(grace).max(Duration::from_millis(1)));
+            }
+        });
     }
 
     pub fn ended(&mut self) {

@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use sidelease::{Error, Lease, Options, Pending, Wait};
@@ -47,6 +48,10 @@ pub struct HoldArgs {
     /// nothing.
     #[arg(long, value_enum, default_value_t = OnLost::Term)]
     on_lost: OnLost,
+    /// With `--on-lost term`: SIGKILL the command if it has not ended this
+    /// many seconds after SIGTERM.
+    #[arg(long, value_name = "SECONDS", default_value = "5", value_parser = kill_after, allow_hyphen_values = true)]
+    kill_after: Duration,
     /// Print nothing on success.
     #[arg(short, long)]
     quiet: bool,
@@ -62,13 +67,25 @@ pub enum OnLost {
 }
 
 impl OnLost {
-    pub fn apply(self, child: &Mutex<Forward>) {
+    /// Tell the command: SIGTERM then SIGKILL after `grace`, SIGKILL, or
+    /// nothing.
+    pub fn apply(self, child: &Arc<Mutex<Forward>>, grace: Duration) {
         match self {
-            OnLost::Term => child::slot(child).send(libc::SIGTERM),
+            OnLost::Term => Forward::send_then_kill(child, libc::SIGTERM, grace),
             OnLost::Kill => child::slot(child).send(libc::SIGKILL),
             OnLost::Ignore => {}
         }
     }
+}
+
+/// `--kill-after`: seconds, zero or more (a fraction allowed).
+pub fn kill_after(s: &str) -> Result<Duration, String> {
+    s.trim()
+        .parse::<f64>()
+        .ok()
+        .and_then(|v| Duration::try_from_secs_f64(v).ok())
+        .filter(|d| *d <= Duration::from_secs(86_400))
+        .ok_or_else(|| format!("{s:?} is not a number of seconds from 0 to 86400"))
 }
 
 fn options(a: &HoldArgs) -> Result<Options, Error> {
@@ -125,11 +142,11 @@ fn run_child(a: &HoldArgs, lease: &Lease) -> ExitCode {
     let child = Arc::new(Mutex::new(Forward::default()));
     let to_child = child.clone();
     let forward = child::on_signals(move |sig| child::slot(&to_child).send(sig));
-    let on_lost = a.on_lost;
+    let (on_lost, grace) = (a.on_lost, a.kill_after);
     let lost_child = child.clone();
     let registered = lease.on_lost(move |lost| {
         eprintln!("sidelease: {lost}");
-        on_lost.apply(&lost_child);
+        on_lost.apply(&lost_child, grace);
     });
     if let Err(e) = registered {
         eprintln!("sidelease: {e}");

@@ -35,6 +35,16 @@ pub struct LeadArgs {
     /// What to send the command when the lease is lost: SIGTERM or SIGKILL.
     #[arg(long, value_enum, default_value_t = OnLost::Term)]
     on_lost: OnLost,
+    /// With `--on-lost term`: SIGKILL the command's process group if the
+    /// command has not ended this many seconds after SIGTERM.
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value = "5",
+        value_parser = crate::hold::kill_after,
+        allow_hyphen_values = true
+    )]
+    kill_after: Duration,
     #[arg(last = true, required = true, num_args = 1..)]
     command: Vec<String>,
 }
@@ -80,7 +90,7 @@ pub fn run(a: LeadArgs) -> ExitCode {
         Err(e) => return usage_or_error(&e),
     };
     let child = Arc::new(Mutex::new(Forward::default()));
-    tell(&elector, a.on_lost, &child);
+    tell(&elector, (a.on_lost, a.kill_after), &child);
     let (stopper, to_child) = (elector.clone(), child.clone());
     let signals = child::on_signals(move |sig| {
         stopper.stop();
@@ -94,7 +104,7 @@ pub fn run(a: LeadArgs) -> ExitCode {
 }
 
 /// What the elector tells goes to stderr, and a loss to the command.
-fn tell(elector: &Elector, on_lost: OnLost, child: &Arc<Mutex<Forward>>) {
+fn tell(elector: &Elector, (on_lost, grace): (OnLost, Duration), child: &Arc<Mutex<Forward>>) {
     let progress = Mutex::new(Progress::new());
     let target = elector.target();
     let child = child.clone();
@@ -102,7 +112,19 @@ fn tell(elector: &Elector, on_lost: OnLost, child: &Arc<Mutex<Forward>>) {
         let mut progress = progress.lock().unwrap_or_else(|e| e.into_inner());
         match e {
             Event::Waiting(c) => return progress.waiting(c),
-            Event::Lost { .. } => return on_lost.apply(&child),
+            Event::Lost { reason } => {
+                // Said now, not once the command has ended: a command that
+                // takes its time to stop leaves no doubt meanwhile.
+                eprintln!(
+                    "sidelease: the lease was lost ({reason}): ending the command \
+                     (SIGKILL after {})",
+                    match on_lost {
+                        OnLost::Term => seconds(grace),
+                        _ => "0.0s".into(),
+                    }
+                );
+                return on_lost.apply(&child, grace);
+            }
             _ => progress.done(),
         }
         match e {

@@ -443,6 +443,55 @@ fn on_lost_terminates_the_command_or_is_ignored() {
     }
 }
 
+/// `hold --on-lost term` escalates too: a command that ignores SIGTERM is
+/// SIGKILLed `--kill-after` seconds later, and `hold` passes that on.
+#[test]
+fn hold_kills_a_command_that_ignores_sigterm_after_the_grace() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::ExitStatusExt;
+    let d = tempfile::tempdir().unwrap();
+    let db = d.path().join("app.db");
+    let db = db.to_str().unwrap();
+    let mut child = Command::new(BIN)
+        .args(["hold", db, "--kill-after", "0.3", "--", "sh", "-c"])
+        .arg("trap 'echo TERM' TERM; echo READY; while :; do sleep 0.02; done")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert!(line.starts_with("READY"), "{line:?}");
+    let rival_path = d.path().join("rival");
+    let rival = std::fs::File::create(&rival_path).unwrap();
+    assert_eq!(
+        // SAFETY: flock(2) on a descriptor this test owns.
+        unsafe { libc::flock(rival.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
+        0
+    );
+    std::fs::rename(&rival_path, format!("{db}.backend-lease")).unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "TERM\n");
+    let termed = Instant::now();
+    let st = wait_bounded(&mut child);
+    assert!(
+        termed.elapsed() >= Duration::from_millis(200),
+        "killed before its grace"
+    );
+    // hold passes the command's end on as a shell would: 128 + SIGKILL.
+    assert_eq!(
+        st.code().or(st.signal().map(|s| 128 + s)),
+        Some(137),
+        "{st:?}"
+    );
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(err.contains("sending SIGKILL"), "{err}");
+    drop(rival);
+}
+
 /// `status --json` prints one complete document for any path, a name that
 /// is not UTF-8 included (its odd bytes as `\udcXX` escapes).
 #[test]

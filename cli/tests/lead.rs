@@ -555,6 +555,83 @@ fn a_lost_lease_ends_the_command_and_the_leader_campaigns_again() {
     assert_eq!(err.matches("elected: leading").count(), 2, "{err}");
 }
 
+/// `--on-lost term` escalates: a command that traps SIGTERM and keeps
+/// working is SIGKILLed `--kill-after` seconds later, and `lead` says the
+/// lease was lost at once, not once the command ended (issue 35).
+#[test]
+fn a_command_that_ignores_sigterm_is_killed_after_the_grace() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    let runs = dir.join("runs");
+    let script =
+        r#"trap 'echo TERM >> "$1"' TERM; echo "run $$" >> "$1"; while :; do sleep 0.02; done"#;
+    let db = dir.join("app.db");
+    let mut c = Lead(
+        Command::new(BIN)
+            .arg("lead")
+            .arg(&db)
+            .args(["--kill-after", "0.5", "--", "sh", "-c", script, "sh"])
+            .arg(&runs)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let first = more_lines(&runs, 0, Duration::from_secs(10));
+    let pid: i32 = first[0].strip_prefix("run ").unwrap().parse().unwrap();
+    let rival_path = dir.join("rival");
+    let rival = std::fs::File::create(&rival_path).unwrap();
+    assert_eq!(
+        // SAFETY: flock(2) on a descriptor this test owns.
+        unsafe { libc::flock(rival.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
+        0
+    );
+    std::fs::rename(&rival_path, dir.join("app.db.backend-lease")).unwrap();
+    assert_eq!(more_lines(&runs, 1, Duration::from_secs(5)), ["TERM"]);
+    let termed = Instant::now();
+    let alive = || Path::new(&format!("/proc/{pid}")).exists();
+    while alive() {
+        assert!(
+            termed.elapsed() < Duration::from_secs(5),
+            "the command outlived SIGTERM by 5 s"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let lasted = termed.elapsed();
+    assert!(
+        lasted >= Duration::from_millis(400),
+        "killed {lasted:?} after SIGTERM, before its grace"
+    );
+    // Not leading (the rival holds the file): a stop ends `lead`.
+    std::thread::sleep(Duration::from_millis(100));
+    signal(&c, libc::SIGTERM);
+    assert_eq!(wait_bounded(&mut c, Duration::from_secs(5)).code(), Some(0));
+    drop(rival);
+    let err = stderr_of(&mut c);
+    let lost_at = err
+        .find("sidelease: the lease was lost (")
+        .unwrap_or_else(|| panic!("{err}"));
+    let killed_at = err
+        .find("did not end within 0.5s of the signal: sending SIGKILL")
+        .unwrap_or_else(|| panic!("{err}"));
+    assert!(lost_at < killed_at, "the loss is told first: {err}");
+    assert!(err.contains("(SIGKILL after 0.5s)"), "{err}");
+}
+
+#[test]
+fn kill_after_must_be_seconds() {
+    for bad in ["-1", "soon", "NaN", "1e9"] {
+        let out = Command::new(BIN)
+            .args(["lead", "/tmp/x.db", "--kill-after", bad, "--", "true"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bad}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--kill-after"), "{bad}: {err}");
+    }
+}
+
 #[test]
 fn lead_refuses_to_ignore_a_loss() {
     let d = tempfile::tempdir().unwrap();
