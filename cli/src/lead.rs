@@ -12,6 +12,7 @@ use clap::Args;
 // The core's elector, as every runtime's: the same campaign, fence and
 // back-off.
 use sidelease::elector::{backoff, Elector, Ended, Event, Outcome, Term, MIN_TERM};
+use sidelease::platform::reaper;
 use sidelease::{Error, Options};
 
 use crate::child::{self, Forward};
@@ -89,6 +90,9 @@ pub fn run(a: LeadArgs) -> ExitCode {
         Ok(e) => Arc::new(e),
         Err(e) => return usage_or_error(&e),
     };
+    // Orphaned descendants of the command (a daemon it started) become
+    // ours, so each term can end them all before the lease is let go.
+    let reaping = reaper::become_subreaper().unwrap_or(false);
     let child = Arc::new(Mutex::new(Forward::default()));
     tell(&elector, (a.on_lost, a.kill_after), &child);
     let (stopper, to_child) = (elector.clone(), child.clone());
@@ -96,7 +100,7 @@ pub fn run(a: LeadArgs) -> ExitCode {
         stopper.stop();
         child::slot(&to_child).send(sig);
     });
-    let code = campaign(&a, &elector, &child);
+    let code = campaign(&a, &elector, &child, reaping);
     if let Some(h) = signals {
         h.close();
     }
@@ -148,7 +152,12 @@ fn tell(elector: &Elector, (on_lost, grace): (OnLost, Duration), child: &Arc<Mut
 /// Campaign, lead, step down, again: returns once stopped (0 when it was
 /// not leading, the command's status when it was), or when the command
 /// cannot be run at all.
-fn campaign(a: &LeadArgs, elector: &Elector, child: &Arc<Mutex<Forward>>) -> ExitCode {
+fn campaign(
+    a: &LeadArgs,
+    elector: &Elector,
+    child: &Arc<Mutex<Forward>>,
+    reaping: bool,
+) -> ExitCode {
     let target = elector.target();
     let not_leading = || {
         eprintln!("sidelease: stopped: not leading {target}");
@@ -166,7 +175,7 @@ fn campaign(a: &LeadArgs, elector: &Elector, child: &Arc<Mutex<Forward>>) -> Exi
             drop(term);
             return not_leading();
         }
-        let status = match lead(a, &term, child) {
+        let status = match lead(a, &term, child, reaping) {
             Ok(s) => s,
             Err(code) => {
                 term.step_down(Outcome::Failed("the command could not be run".into()));
@@ -213,16 +222,33 @@ fn campaign(a: &LeadArgs, elector: &Elector, child: &Arc<Mutex<Forward>>) -> Exi
 /// too — a PostgreSQL lease's session socket — so the lease outlives this
 /// process until the command has ended (it never runs unleased), and it is
 /// ended with this process, so a leader killed outright is succeeded at
-/// once. A loss signals it (the listener in `tell`).
+/// once. A loss signals it (the listener in `tell`). Once it ended, so does
+/// every process it left behind (`reaping`: orphans come to us): SIGTERM,
+/// SIGKILL after `--kill-after`, before the term ends: nothing of a term
+/// works beside the next one.
 fn lead(
     a: &LeadArgs,
     term: &Term,
     child: &Arc<Mutex<Forward>>,
+    reaping: bool,
 ) -> Result<std::process::ExitStatus, ExitCode> {
     let spawn = child::Spawn {
         command: &a.command,
         no_inherit: false,
         end_with_us: true,
     };
-    child::spawn(&spawn, term.lease(), child).and_then(|mut c| child::wait(&mut c, child))
+    let status =
+        child::spawn(&spawn, term.lease(), child).and_then(|mut c| child::wait(&mut c, child));
+    if reaping {
+        match reaper::end_descendants(a.kill_after, LEFT_BEHIND_BOUND) {
+            Ok(0) => {}
+            Ok(n) => eprintln!("sidelease: ended {n} process(es) the command left behind"),
+            Err(e) => eprintln!("sidelease: {e}"),
+        }
+    }
+    status
 }
+
+/// How long the processes a command left behind may take to die once
+/// SIGKILLed (a process in uninterruptible sleep dies when it wakes).
+const LEFT_BEHIND_BOUND: Duration = Duration::from_secs(5);

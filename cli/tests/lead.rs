@@ -619,6 +619,73 @@ fn a_command_that_ignores_sigterm_is_killed_after_the_grace() {
     assert!(err.contains("(SIGKILL after 0.5s)"), "{err}");
 }
 
+/// A command that daemonizes — a double fork, `setsid`, every descriptor
+/// closed, the inherited lease descriptor too — and exits: the daemon is
+/// ended before the term ends, so it never works beside the next term's
+/// command (issue 35). `lead` is their subreaper; the portable platform
+/// has none (docs/platforms.md).
+#[test]
+#[cfg_attr(
+    feature = "portable",
+    ignore = "portable platform: no subreaper, a daemon the command leaves is not found"
+)]
+fn a_daemon_the_command_leaves_behind_is_ended_with_its_term() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    let daemons = dir.join("daemons");
+    let script = r#"
+        n=$(cat "$1" 2>/dev/null | wc -l)
+        ( setsid bash -c 'exec 0<&- 1>&- 2>&-; eval "exec $SIDELEASE_LEASE_FD<&-"; echo $$ >> "$1"; while :; do sleep 0.05; done' bash "$1" & )
+        while [ "$(cat "$1" 2>/dev/null | wc -l)" -le "$n" ]; do sleep 0.01; done
+        exit 0"#;
+    let mut c = lead(dir, &["sh", "-c", script, "sh", daemons.to_str().unwrap()]);
+    let first = more_lines(&daemons, 0, Duration::from_secs(10));
+    let pid: u32 = first[0].trim().parse().unwrap();
+    let alive = |p: u32| {
+        std::fs::read_to_string(format!("/proc/{p}/stat"))
+            .map(|s| {
+                !s.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('Z')
+            })
+            .unwrap_or(false)
+    };
+    let t0 = Instant::now();
+    while alive(pid) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "the daemon {pid} outlived its term by 5 s"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // The next term's daemon starts only after the first one is gone.
+    let second = more_lines(&daemons, 1, Duration::from_secs(10));
+    let pid2: u32 = second[0].trim().parse().unwrap();
+    signal(&c, libc::SIGTERM);
+    wait_bounded(&mut c, Duration::from_secs(10));
+    let t1 = Instant::now();
+    while alive(pid2) {
+        assert!(
+            t1.elapsed() < Duration::from_secs(5),
+            "{pid2} outlived lead"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let err = stderr_of(&mut c);
+    // The daemon, and the `sleep` it was running, if it was: each term.
+    let told = err
+        .lines()
+        .filter(|l| {
+            l.strip_prefix("sidelease: ended ")
+                .and_then(|r| r.strip_suffix(" process(es) the command left behind"))
+                .is_some_and(|n| n == "1" || n == "2")
+        })
+        .count();
+    assert!(told >= 2, "{err}");
+}
+
 #[test]
 fn kill_after_must_be_seconds() {
     for bad in ["-1", "soon", "NaN", "1e9"] {

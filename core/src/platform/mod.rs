@@ -30,7 +30,8 @@ use portable as imp;
 #[cfg(feature = "postgres")]
 pub(crate) use imp::clock;
 pub use imp::{
-    filestat, fsevents, fskind, locks, mounts, notify, paths, process, random, sockopt, wakefd,
+    filestat, fsevents, fskind, locks, mounts, notify, paths, process, random, reaper, sockopt,
+    wakefd,
 };
 
 /// Which implementation this build uses: `linux` or `portable`.

@@ -20,5 +20,6 @@ pub mod notify;
 pub mod paths;
 pub mod process;
 pub mod random;
+pub mod reaper;
 pub mod sockopt;
 pub mod wakefd;
