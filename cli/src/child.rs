@@ -44,6 +44,13 @@ impl Forward {
         }
     }
 
+    /// Signal the command if one runs now; never kept for a later one.
+    pub fn signal_running(&mut self, sig: i32) {
+        if self.pid > 0 {
+            self.send(sig);
+        }
+    }
+
     /// A new command is about to start: a signal from now on is for it.
     pub fn arm(&mut self) {
         self.idle = false;

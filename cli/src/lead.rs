@@ -17,6 +17,7 @@ use sidelease::{Error, Options};
 
 use crate::child::{self, Forward};
 use crate::hold::OnLost;
+use crate::jobctl;
 use crate::progress::Progress;
 use crate::EXIT_ERROR;
 
@@ -94,14 +95,21 @@ pub fn run(a: LeadArgs) -> ExitCode {
     // ours, so each term can end them all before the lease is let go.
     let reaping = reaper::become_subreaper().unwrap_or(false);
     let child = Arc::new(Mutex::new(Forward::default()));
+    let lease: jobctl::Current = Arc::default();
+    let stops = jobctl::on_stop_signals(child.clone(), lease.clone());
     tell(&elector, (a.on_lost, a.kill_after), &child);
     let (stopper, to_child) = (elector.clone(), child.clone());
     let signals = child::on_signals(move |sig| {
         stopper.stop();
         child::slot(&to_child).send(sig);
     });
-    let code = campaign(&a, &elector, &child, reaping);
-    if let Some(h) = signals {
+    let ctl = Ctl {
+        child,
+        lease,
+        reaping,
+    };
+    let code = campaign(&a, &elector, &ctl);
+    for h in [signals, stops].into_iter().flatten() {
         h.close();
     }
     code
@@ -152,12 +160,17 @@ fn tell(elector: &Elector, (on_lost, grace): (OnLost, Duration), child: &Arc<Mut
 /// Campaign, lead, step down, again: returns once stopped (0 when it was
 /// not leading, the command's status when it was), or when the command
 /// cannot be run at all.
-fn campaign(
-    a: &LeadArgs,
-    elector: &Elector,
-    child: &Arc<Mutex<Forward>>,
+/// What the terms of one `lead` share.
+struct Ctl {
+    child: Arc<Mutex<Forward>>,
+    /// The lease of the term in progress, for the job control.
+    lease: jobctl::Current,
+    /// This process is its descendants' subreaper.
     reaping: bool,
-) -> ExitCode {
+}
+
+fn campaign(a: &LeadArgs, elector: &Elector, ctl: &Ctl) -> ExitCode {
+    let child = &ctl.child;
     let target = elector.target();
     let not_leading = || {
         eprintln!("sidelease: stopped: not leading {target}");
@@ -175,7 +188,7 @@ fn campaign(
             drop(term);
             return not_leading();
         }
-        let status = match lead(a, &term, child, reaping) {
+        let status = match lead(a, &term, ctl) {
             Ok(s) => s,
             Err(code) => {
                 term.step_down(Outcome::Failed("the command could not be run".into()));
@@ -226,20 +239,21 @@ fn campaign(
 /// every process it left behind (`reaping`: orphans come to us): SIGTERM,
 /// SIGKILL after `--kill-after`, before the term ends: nothing of a term
 /// works beside the next one.
-fn lead(
-    a: &LeadArgs,
-    term: &Term,
-    child: &Arc<Mutex<Forward>>,
-    reaping: bool,
-) -> Result<std::process::ExitStatus, ExitCode> {
+fn lead(a: &LeadArgs, term: &Term, ctl: &Ctl) -> Result<std::process::ExitStatus, ExitCode> {
     let spawn = child::Spawn {
         command: &a.command,
         no_inherit: false,
         end_with_us: true,
     };
+    *jobctl::current(&ctl.lease) = term.lease().try_clone().ok();
+    let child = &ctl.child;
     let status =
         child::spawn(&spawn, term.lease(), child).and_then(|mut c| child::wait(&mut c, child));
-    if reaping {
+    // The term's own handle is the one stepped down.
+    if let Some(l) = jobctl::current(&ctl.lease).take() {
+        let _ = l.release();
+    }
+    if ctl.reaping {
         match reaper::end_descendants(a.kill_after, LEFT_BEHIND_BOUND) {
             Ok(0) => {}
             Ok(n) => eprintln!("sidelease: ended {n} process(es) the command left behind"),

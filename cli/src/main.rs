@@ -3,6 +3,7 @@
 
 mod child;
 mod hold;
+mod jobctl;
 mod lead;
 mod progress;
 mod status;

@@ -686,6 +686,83 @@ fn a_daemon_the_command_leaves_behind_is_ended_with_its_term() {
     assert!(told >= 2, "{err}");
 }
 
+/// The state letter of a process (`T` stopped, `Z` zombie), or None once
+/// it is gone.
+fn state_of(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit(')').next()?.trim_start().chars().next()
+}
+
+fn await_state(pid: u32, want: &[Option<char>], what: &str) {
+    let t0 = Instant::now();
+    while !want.contains(&state_of(pid)) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "{what}: {:?}",
+            state_of(pid)
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Ctrl-Z (SIGTSTP) stops the command with `lead` (it runs in a process
+/// group of its own, out of the terminal's reach), and once `lead` is
+/// continued the command goes on only if the lease is still held: lost in
+/// the meantime, the command is killed, never continued (issue 35).
+#[test]
+fn a_stopped_lead_stops_its_command_and_continues_it_only_while_held() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    let ticks = dir.join("ticks");
+    let script = r#"echo $$ > "$1.pid"; while :; do echo tick >> "$1"; sleep 0.01; done"#;
+    let mut c = lead(dir, &["sh", "-c", script, "sh", ticks.to_str().unwrap()]);
+    more_lines(&ticks, 0, Duration::from_secs(10));
+    catches_sigterm(&c);
+    let pid: u32 = std::fs::read_to_string(dir.join("ticks.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let frozen = |c: &Lead| {
+        signal(c, libc::SIGTSTP);
+        await_state(c.id(), &[Some('T')], "lead stopped");
+        await_state(pid, &[Some('T')], "the command stopped with lead");
+        let n = lines(&ticks).len();
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(
+            lines(&ticks).len(),
+            n,
+            "the command worked while lead was stopped"
+        );
+        n
+    };
+    // Held all along: continued with `lead`.
+    let n = frozen(&c);
+    signal(&c, libc::SIGCONT);
+    more_lines(&ticks, n, Duration::from_secs(5));
+    // Lost while stopped (a rival's file renamed over the lease file):
+    // killed, never continued.
+    let n = frozen(&c);
+    let rival_path = dir.join("rival");
+    let rival = std::fs::File::create(&rival_path).unwrap();
+    assert_eq!(
+        // SAFETY: flock(2) on a descriptor this test owns.
+        unsafe { libc::flock(rival.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
+        0
+    );
+    std::fs::rename(&rival_path, dir.join("app.db.backend-lease")).unwrap();
+    signal(&c, libc::SIGCONT);
+    await_state(pid, &[None, Some('Z')], "the command was killed");
+    assert_eq!(lines(&ticks).len(), n, "the command went on after the loss");
+    // Not leading (the rival holds the file): a stop ends `lead`.
+    std::thread::sleep(Duration::from_millis(100));
+    signal(&c, libc::SIGTERM);
+    assert_eq!(wait_bounded(&mut c, Duration::from_secs(5)).code(), Some(0));
+    drop(rival);
+    let err = stderr_of(&mut c);
+    assert!(err.contains("continued, but "), "{err}");
+}
+
 #[test]
 fn kill_after_must_be_seconds() {
     for bad in ["-1", "soon", "NaN", "1e9"] {
