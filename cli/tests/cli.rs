@@ -492,6 +492,49 @@ fn hold_kills_a_command_that_ignores_sigterm_after_the_grace() {
     drop(rival);
 }
 
+/// A waiter whose lease file is deleted while it waits takes the file the
+/// path names now, rather than waiting on the deleted file's lock until its
+/// holder lets go (issue 35: portable waiters led nobody for 6 s and more).
+/// The holder here is a plain `flock(1)`-style lock with no record, which
+/// holds no lease anyone acquiring through the path could see.
+#[test]
+fn a_waiter_takes_the_file_at_the_path_not_the_deleted_one_it_opened() {
+    use std::os::fd::AsRawFd;
+    let d = tempfile::tempdir().unwrap();
+    let db = d.path().join("app.db");
+    let lp = d.path().join("app.db.backend-lease");
+    let old = std::fs::File::create(&lp).unwrap();
+    assert_eq!(
+        // SAFETY: flock(2) on a descriptor this test owns.
+        unsafe { libc::flock(old.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
+        0
+    );
+    let mut waiter = Command::new(BIN)
+        .arg("hold")
+        .arg(&db)
+        .args(["--timeout", "20", "--", "true"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Waiting on the old file by now (it opened it within microseconds).
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        waiter.try_wait().unwrap().is_none(),
+        "the waiter did not wait"
+    );
+    std::fs::remove_file(&lp).unwrap();
+    let removed = Instant::now();
+    let st = wait_bounded(&mut waiter);
+    assert_eq!(st.code(), Some(0), "the waiter took the lease");
+    assert!(
+        removed.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        removed.elapsed()
+    );
+    drop(old);
+}
+
 /// `status --json` prints one complete document for any path, a name that
 /// is not UTF-8 included (its odd bytes as `\udcXX` escapes).
 #[test]

@@ -224,6 +224,7 @@ impl FilePending {
         let mut rounds = 0;
         let mut races = 0;
         let mut rechecked = false;
+        let mut looked = false;
         let mut spins = 0;
         loop {
             if self.open.is_none() {
@@ -299,6 +300,19 @@ impl FilePending {
                         // ...or just released it: look once more.
                         rechecked = true;
                         continue;
+                    }
+                    if !looked {
+                        looked = true;
+                        if !names(&self.spelled.lease, key) {
+                            // The file this attempt opened is no longer at
+                            // the path (deleted, moved, replaced): wait on
+                            // the one there now, not on a lock nobody
+                            // acquiring through the path needs (issue 35).
+                            self.open = None;
+                            rounds += 1;
+                            self.replaced_too_often(rounds)?;
+                            continue;
+                        }
                     }
                     self.orphan = None;
                     if self.arm_watch(key) {
@@ -603,6 +617,16 @@ impl FilePending {
             Wait::Timeout(d) => self.started.checked_add(d),
             Wait::Forever => None,
         }
+    }
+}
+
+/// Whether `path` names the file `key` (a missing path names none; an
+/// error looking counts as naming it, so the wait goes on as before).
+fn names(path: &Path, key: Key) -> bool {
+    match rustix::fs::lstat(path) {
+        Ok(st) => (st.st_dev, st.st_ino) == key && st.st_nlink > 0,
+        Err(Errno::NOENT) | Err(Errno::NOTDIR) => false,
+        Err(_) => true,
     }
 }
 
