@@ -176,6 +176,9 @@ pub(crate) struct FilePending {
     grace_until: Option<Instant>,
     /// Time spent in graces so far.
     grace_spent: Duration,
+    /// Since when the path has named another file than the one this
+    /// waiting attempt opened.
+    moved_since: Option<Instant>,
 }
 
 impl FilePending {
@@ -195,6 +198,7 @@ impl FilePending {
             poll_backoff: POLL_MIN,
             grace_until: None,
             grace_spent: Duration::ZERO,
+            moved_since: None,
         })
     }
 
@@ -303,15 +307,23 @@ impl FilePending {
                     }
                     if !looked {
                         looked = true;
-                        if !names(&self.spelled.lease, key) {
+                        if names(&self.spelled.lease, key) {
+                            self.moved_since = None;
+                        } else {
                             // The file this attempt opened is no longer at
-                            // the path (deleted, moved, replaced): wait on
-                            // the one there now, not on a lock nobody
-                            // acquiring through the path needs (issue 35).
-                            self.open = None;
-                            rounds += 1;
-                            self.replaced_too_often(rounds)?;
-                            continue;
+                            // the path (deleted, moved, replaced): once its
+                            // holder had the moment it needs to put its file
+                            // back (so we never race it for the new one),
+                            // wait on the one there now, not on a lock
+                            // nobody acquiring through the path needs.
+                            let since = *self.moved_since.get_or_insert_with(Instant::now);
+                            if since.elapsed() >= REANCHOR_GRACE {
+                                self.moved_since = None;
+                                self.open = None;
+                                rounds += 1;
+                                self.replaced_too_often(rounds)?;
+                                continue;
+                            }
                         }
                     }
                     self.orphan = None;
@@ -538,6 +550,11 @@ impl FilePending {
     pub fn next_check(&mut self) -> Duration {
         if let Some(until) = self.grace_until {
             return until.saturating_duration_since(Instant::now());
+        }
+        if let Some(since) = self.moved_since {
+            // Look again once the holder of the file opened had its moment.
+            let left = REANCHOR_GRACE.saturating_sub(since.elapsed());
+            return left.max(Duration::from_millis(1));
         }
         if self.hot < HOT_RETRIES.len() {
             self.hot += 1;

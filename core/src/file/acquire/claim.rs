@@ -87,6 +87,15 @@ impl FilePending {
         } else {
             of.prechecked
         };
+        // A grace known to be due before any look is given before the
+        // claim: a holder putting its file back then meets no record of
+        // ours (which it would take for a rival's win) while we wait.
+        if let Some((split_checked, undecided)) = known {
+            if let Some(wait) = self.grace_due(of, &previous, split_checked, undecided) {
+                let _ = rustix::fs::flock(of.fd(), FlockOperation::Unlock);
+                return Ok(self.give_grace(wait, flight));
+            }
+        }
         let mut claim = self.write_claim(of, &previous, &bytes, dir, known.is_some_and(|k| k.0))?;
         faults::step("acquire.written");
         // Does the path, as the caller spelled it, still name this inode?
@@ -136,30 +145,9 @@ impl FilePending {
             }
         };
         faults::step("acquire.guarded");
-        if (!split_checked || undecided)
-            && !of.waited
-            && !of.graced
-            && self.grace_spent < GRACE_BUDGET
-        {
-            if let Some(wait) = young(of.age, &previous, REANCHOR_GRACE) {
-                self.grace_spent += wait;
-                // Give a holder of a former file the moment it needs to
-                // put it back (then the kernel refuses us).
-                back_out(of, &bytes);
-                drop(flight);
-                if let Some(of) = self.open.as_mut() {
-                    of.graced = true;
-                    // A holder may put back its record during the grace:
-                    // look again after it.
-                    of.prechecked = None;
-                }
-                if self.opts.wait == Wait::NoWait {
-                    std::thread::sleep(wait);
-                    return Ok(Claimed::Again);
-                }
-                self.grace_until = Some(Instant::now() + wait);
-                return Ok(Claimed::Waiting);
-            }
+        if let Some(wait) = self.grace_due(of, &previous, split_checked, undecided) {
+            back_out(of, &bytes);
+            return Ok(self.give_grace(wait, flight));
         }
         if known.is_none() && split_checked && of.writable {
             // The guard found no former file: say so, so the next holder
@@ -180,6 +168,45 @@ impl FilePending {
             watch::attach(t, &lease.shared_arc());
         }
         Ok(Claimed::Lease(lease))
+    }
+
+    /// How long a young file's grace is, if one is due: the guard did not
+    /// run or left a lock undecided, and this file was not waited on nor
+    /// graced before, within the attempt's budget for graces.
+    fn grace_due(
+        &self,
+        of: &OpenFile,
+        previous: &Content,
+        split_checked: bool,
+        undecided: bool,
+    ) -> Option<std::time::Duration> {
+        if (split_checked && !undecided)
+            || of.waited
+            || of.graced
+            || self.grace_spent >= GRACE_BUDGET
+        {
+            return None;
+        }
+        young(of.age, previous, REANCHOR_GRACE)
+    }
+
+    /// The file is unlocked: wait `wait` for a holder of a former file to
+    /// put it back (then the kernel refuses us).
+    fn give_grace(&mut self, wait: std::time::Duration, flight: Flight) -> Claimed {
+        self.grace_spent += wait;
+        drop(flight);
+        if let Some(of) = self.open.as_mut() {
+            of.graced = true;
+            // A holder may put back its record during the grace: look
+            // again after it.
+            of.prechecked = None;
+        }
+        if self.opts.wait == Wait::NoWait {
+            std::thread::sleep(wait);
+            return Claimed::Again;
+        }
+        self.grace_until = Some(Instant::now() + wait);
+        Claimed::Waiting
     }
 
     /// Write our record into the locked file (the claim), with a
