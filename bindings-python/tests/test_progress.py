@@ -5,6 +5,7 @@ starts and again whenever the holder changes, never per wake-up."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import subprocess
@@ -74,6 +75,70 @@ def test_a_wait_names_its_holder_once_and_again_when_it_changes(tmp_path: Any) -
         waiter.join(20)
     assert got and got[0].state == "held"
     got[0].release()
+
+
+# A holder caught between writing its release and dropping its lock (the
+# moment a waiter woken by that write looks): it locks the lease file,
+# writes a record of itself (argv[2], a holder's record as JSON), and on
+# each line of stdin rewrites it with `released_at` set, still locked.
+RELEASING = textwrap.dedent(
+    """
+    import fcntl, json, os, sys
+    rec = json.loads(sys.argv[2])
+    rec.update(pid=os.getpid(), nonce="0" * 32)
+    rec.pop("proc_start", None)
+    f = open(sys.argv[1], "r+")
+    fcntl.flock(f, fcntl.LOCK_EX)
+    def write():
+        b = json.dumps(rec).encode()
+        os.pwrite(f.fileno(), b, 0)
+        os.ftruncate(f.fileno(), len(b))
+    write()
+    print("held", flush=True)
+    sys.stdin.readline()
+    rec["released_at"] = "2026-12-04T20:00:00.000Z"
+    write()
+    print("released", flush=True)
+    sys.stdin.readline()
+    """
+)
+
+
+def test_a_holder_writing_its_release_is_not_told_as_a_new_holder(tmp_path: Any) -> None:
+    db = str(tmp_path / "app.db")
+    h = Holder(db)
+    template = json.dumps(h.record)
+    h.release()
+    h.close()
+    a = subprocess.Popen([sys.executable, "-c", RELEASING, db + ".backend-lease", template],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert a.stdout is not None and a.stdin is not None
+    heard: List[Dict[str, Any]] = []
+    got: List[Any] = []
+    try:
+        assert a.stdout.readline() == "held\n"
+        waiter = threading.Thread(target=lambda: got.append(sidelease.acquire(db, timeout=20, on_waiting=heard.append)))
+        waiter.start()
+        deadline = time.monotonic() + 5
+        while not heard and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert len(heard) == 1 and heard[0]["holder"]["pid"] == a.pid, heard
+        a.stdin.write("\n")
+        a.stdin.flush()
+        assert a.stdout.readline() == "released\n"
+        time.sleep(0.5)  # the waiter wakes on the write and looks again
+        assert len(heard) == 1, heard
+        a.stdin.write("\n")
+        a.stdin.flush()
+        a.wait(10)
+        waiter.join(20)
+        assert len(heard) == 1, heard
+        assert got and got[0].state == "held"
+        got[0].release()
+    finally:
+        if a.poll() is None:
+            a.kill()
+        a.wait(10)
 
 
 def test_the_callback_and_the_logger_hear_a_sidelease_holder(tmp_path: Any, caplog: Any) -> None:

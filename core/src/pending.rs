@@ -157,6 +157,12 @@ impl Pending {
         if !named || told.as_ref().is_some_and(|t| same_holder(t, &c)) {
             return None;
         }
+        // The same processes holding the lock with no record naming them
+        // is the holder told of writing its release (or a record being
+        // rewritten): no new holder, and telling it twice would be noise.
+        if c.holder.is_none() && told.as_ref().is_some_and(|t| t.holders == c.holders) {
+            return None;
+        }
         *told = Some(*c);
         told.as_ref()
     }
