@@ -337,6 +337,53 @@ fn killed_hold_then_deleted_lease_file_still_refuses_a_contender() {
     drop(h.child.stdin.take()); // the command (our grandchild) ends
 }
 
+/// A claim refused by a former file's holder puts the previous record back
+/// so that it no longer vouches: writing it makes the file look untouched,
+/// and a file moved aside and back would then let the next acquirer skip
+/// its guard beside that holder (a red-team finding on issue 35's claim
+/// order). The holder is frozen so that its watch cannot take the file
+/// back first.
+#[test]
+#[cfg_attr(
+    feature = "portable",
+    ignore = "portable platform: former lease files are not seen without /proc"
+)]
+fn a_refused_claim_leaves_no_record_that_vouches_for_skipping_the_guard() {
+    let d = tempfile::tempdir().unwrap();
+    let db = d.path().join("app.db");
+    let db = db.to_str().unwrap();
+    let lease = format!("{db}.backend-lease");
+    let aside = format!("{db}.aside");
+    assert_eq!(
+        sidelease(&["hold", db, "--", "true"]).status.code(),
+        Some(0)
+    );
+    let (_, v) = status_json(db);
+    assert_eq!(v["record"]["split_checked"], true, "{v}");
+    // Older than the age at which a file is looked at before locking.
+    std::thread::sleep(Duration::from_millis(1100));
+    std::fs::rename(&lease, &aside).unwrap();
+    let mut h = Holder::start(db, &["--no-inherit"]);
+    // SAFETY: kill(2) on a PID this test started; no memory is shared.
+    unsafe { libc::kill(h.child.id() as i32, libc::SIGSTOP) };
+    std::thread::sleep(Duration::from_millis(20)); // a later timestamp tick
+    std::fs::rename(&aside, &lease).unwrap();
+    for attempt in 0..3 {
+        let out = sidelease(&["hold", db, "--", "true"]);
+        assert_eq!(
+            out.status.code(),
+            Some(75),
+            "attempt {attempt} acquired beside the frozen holder of the replaced file: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let (_, v) = status_json(db);
+    assert_eq!(v["record"]["split_checked"], false, "{v}");
+    // SAFETY: as above.
+    unsafe { libc::kill(h.child.id() as i32, libc::SIGCONT) };
+    assert_eq!(h.finish().code(), Some(3));
+}
+
 /// A command that leaves a background process holding the inherited
 /// descriptor: `hold` must not write `released_at` (the lock is still
 /// held), so after that process dies the next holder is not told the

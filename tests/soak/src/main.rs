@@ -18,7 +18,7 @@
 //!
 //! ```text
 //! sidelease-soak run [--procs 8] [--sections 200] [--tamperers 2]
-//!                    [--modes unlink,move,replace] [--seed S] [--max-delay-us 2000]
+//!                    [--modes unlink,move,replace[,truncate]] [--seed S] [--max-delay-us 2000]
 //!                    [--hold-us 300] [--seconds N] [--dir D]
 //! ```
 //! prints one JSON summary line and exits 1 when a check fails.
@@ -114,7 +114,7 @@ impl Rng {
     }
 }
 
-const MODES: [&str; 3] = ["unlink", "move", "replace"];
+const MODES: [&str; 4] = ["unlink", "move", "replace", "truncate"];
 
 fn run(f: &Flags) -> Result<bool, String> {
     let procs = f.num("procs", 8)?;
@@ -313,6 +313,12 @@ fn tamper(f: &Flags) -> Result<bool, String> {
         let acted = match mode.as_str() {
             "unlink" => std::fs::remove_file(&lease).is_ok(),
             "move" => std::fs::rename(&lease, dir.join(format!("aside.{me}"))).is_ok(),
+            // `: > file`: whatever record is in it is gone, its lock stays.
+            "truncate" => std::fs::OpenOptions::new()
+                .write(true)
+                .truncate(true)
+                .open(&lease)
+                .is_ok(),
             _ => {
                 let fresh = dir.join(format!("fresh.{me}.{i}"));
                 std::fs::write(&fresh, b"").is_ok() && std::fs::rename(&fresh, &lease).is_ok()

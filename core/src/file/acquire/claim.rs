@@ -101,18 +101,10 @@ impl FilePending {
         // Does the path, as the caller spelled it, still name this inode?
         // (Its directory may have been renamed since the open, and the
         // kernel's name for it with it.)
-        match rustix::fs::lstat(&self.spelled.lease) {
-            Ok(st) if (st.st_dev, st.st_ino) == key && st.st_nlink > 0 => {}
-            Ok(_) | Err(Errno::NOENT) | Err(Errno::NOTDIR) => {
-                back_out(of, &bytes);
-                drop(flight);
-                self.open = None; // closing drops the lock on the stale inode
-                return Ok(Claimed::Replaced);
-            }
-            Err(e) => {
-                back_out(of, &bytes);
-                return Err(Error::io("lstat", &of.canon, e));
-            }
+        if !self.still_named(of, &bytes)? {
+            drop(flight);
+            self.open = None; // closing drops the lock on the stale inode
+            return Ok(Claimed::Replaced);
         }
         let (split_checked, undecided) = match known {
             Some(k) => k,
@@ -141,6 +133,16 @@ impl FilePending {
                     self.refused_by(orphan, key);
                     return Ok(Claimed::Waiting);
                 }
+                // Once more after the scan: a file we could not write our
+                // record into (read-only), or whose record was cut away
+                // meanwhile, was an anonymous lock to a contender's guard
+                // (undecided), and a contender that completed on a
+                // replacement during our scan must not be joined.
+                if !self.still_named(of, &bytes)? {
+                    drop(flight);
+                    self.open = None;
+                    return Ok(Claimed::Replaced);
+                }
                 (outcome.complete, outcome.undecided)
             }
         };
@@ -168,6 +170,22 @@ impl FilePending {
             watch::attach(t, &lease.shared_arc());
         }
         Ok(Claimed::Lease(lease))
+    }
+
+    /// Whether the path, as the caller spelled it, still names the locked
+    /// file; when not, the claim is withdrawn.
+    fn still_named(&self, of: &OpenFile, bytes: &[u8]) -> Result<bool> {
+        match rustix::fs::lstat(&self.spelled.lease) {
+            Ok(st) if (st.st_dev, st.st_ino) == of.key && st.st_nlink > 0 => Ok(true),
+            Ok(_) | Err(Errno::NOENT) | Err(Errno::NOTDIR) => {
+                back_out(of, bytes);
+                Ok(false)
+            }
+            Err(e) => {
+                back_out(of, bytes);
+                Err(Error::io("lstat", &of.canon, e))
+            }
+        }
     }
 
     /// How long a young file's grace is, if one is due: the guard did not
@@ -367,10 +385,33 @@ impl FilePending {
 /// record of a hold that never was, in the file at the path or in one moved
 /// aside: an operator's copy), then unlock. Best effort: whoever locks the
 /// file next reads it under its own lock.
+///
+/// A record put back no longer vouches (`split_checked: false`): writing it
+/// makes the file look untouched again (its status-change time is its
+/// modification time), and a file moved aside and back while we held it
+/// would then skip the next holder's guard with a former file still held —
+/// the very thing a withdrawn claim may have been refused for.
 fn back_out(of: &OpenFile, bytes: &[u8]) {
     if of.writable {
+        let put_back = no_longer_vouching(bytes);
+        let bytes = put_back.as_deref().unwrap_or(bytes);
         let _ = rustix::io::pwrite(of.fd(), bytes, 0);
         let _ = rustix::fs::ftruncate(of.fd(), bytes.len() as u64);
     }
     let _ = rustix::fs::flock(of.fd(), FlockOperation::Unlock);
+}
+
+/// The record in `bytes` with `split_checked` set to false, when it says
+/// true; every other field as it was (fields this version does not know
+/// included).
+fn no_longer_vouching(bytes: &[u8]) -> Option<Vec<u8>> {
+    let mut v: serde_json::Value = serde_json::from_slice(bytes.trim_ascii()).ok()?;
+    let checked = v.as_object_mut()?.get_mut("split_checked")?;
+    if *checked != serde_json::Value::Bool(true) {
+        return None;
+    }
+    *checked = serde_json::Value::Bool(false);
+    let mut line = serde_json::to_vec(&v).ok()?;
+    line.push(b'\n');
+    Some(line)
 }
