@@ -363,7 +363,7 @@ fn a_refused_claim_leaves_no_record_that_vouches_for_skipping_the_guard() {
     // Older than the age at which a file is looked at before locking.
     std::thread::sleep(Duration::from_millis(1100));
     std::fs::rename(&lease, &aside).unwrap();
-    let mut h = Holder::start(db, &["--no-inherit"]);
+    let h = Holder::start(db, &["--no-inherit"]);
     // SAFETY: kill(2) on a PID this test started; no memory is shared.
     unsafe { libc::kill(h.child.id() as i32, libc::SIGSTOP) };
     std::thread::sleep(Duration::from_millis(20)); // a later timestamp tick
