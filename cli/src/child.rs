@@ -143,6 +143,8 @@ pub struct Spawn<'a> {
     /// Have the kernel end it when this process dies (where it can), and
     /// start it in a process group of its own, signalled as a whole.
     pub end_with_us: bool,
+    /// Start it through a watchdog's gate (`watchdog::gate`).
+    pub gate: Option<(i32, i32)>,
 }
 
 /// Start the command with the lease's path (and descriptor) in its
@@ -182,6 +184,12 @@ pub fn spawn(
             cmd.pre_exec(move || sidelease::platform::process::end_with_parent(parent).map(|_| ()));
         }
     }
+    if let Some(fds) = s.gate {
+        // SAFETY: the hook only makes async-signal-safe calls.
+        unsafe {
+            cmd.pre_exec(move || crate::watchdog::gate(fds));
+        }
+    }
     let spawned = cmd.spawn();
     drop(inherited); // the child has its copy now
     match spawned {
@@ -203,8 +211,13 @@ pub fn spawn(
 }
 
 /// Wait for the command; its PID is forgotten once it ended, before it is
-/// reaped, so a signal never reaches a process that took the PID over.
-pub fn wait(child: &mut Child, forward: &Mutex<Forward>) -> Result<ExitStatus, ExitCode> {
+/// reaped, so a signal never reaches a process that took the PID over
+/// (`ended` runs then too: `lead`'s watchdog is disarmed).
+pub fn wait(
+    child: &mut Child,
+    forward: &Mutex<Forward>,
+    ended: impl FnOnce(),
+) -> Result<ExitStatus, ExitCode> {
     loop {
         // SAFETY: an all-zero siginfo_t is a valid value (plain C data).
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
@@ -223,6 +236,7 @@ pub fn wait(child: &mut Child, forward: &Mutex<Forward>) -> Result<ExitStatus, E
         }
     }
     slot(forward).ended();
+    ended();
     let status = loop {
         match child.wait() {
             Ok(s) => break s,

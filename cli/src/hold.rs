@@ -157,8 +157,10 @@ fn run_child(a: &HoldArgs, lease: &Lease) -> ExitCode {
         // A PostgreSQL lease lives in hold's session: it ends with hold.
         no_inherit: a.no_inherit || lease.is_postgres(),
         end_with_us: false,
+        gate: None,
     };
-    let status = child::spawn(&spawn, lease, &child).and_then(|mut c| child::wait(&mut c, &child));
+    let status =
+        child::spawn(&spawn, lease, &child).and_then(|mut c| child::wait(&mut c, &child, || {}));
     if let Some(h) = forward {
         h.close();
     }

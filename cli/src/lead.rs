@@ -19,6 +19,7 @@ use crate::child::{self, Forward};
 use crate::hold::OnLost;
 use crate::jobctl;
 use crate::progress::Progress;
+use crate::watchdog::Watchdog;
 use crate::EXIT_ERROR;
 
 #[derive(Args)]
@@ -240,15 +241,25 @@ fn campaign(a: &LeadArgs, elector: &Elector, ctl: &Ctl) -> ExitCode {
 /// SIGKILL after `--kill-after`, before the term ends: nothing of a term
 /// works beside the next one.
 fn lead(a: &LeadArgs, term: &Term, ctl: &Ctl) -> Result<std::process::ExitStatus, ExitCode> {
+    // Before the command: it starts only once the watchdog knows it.
+    let dog = Watchdog::start(term.lease());
     let spawn = child::Spawn {
         command: &a.command,
         no_inherit: false,
         end_with_us: true,
+        gate: dog.as_ref().and_then(Watchdog::gate_fds),
     };
     *jobctl::current(&ctl.lease) = term.lease().try_clone().ok();
     let child = &ctl.child;
-    let status =
-        child::spawn(&spawn, term.lease(), child).and_then(|mut c| child::wait(&mut c, child));
+    let status = match child::spawn(&spawn, term.lease(), child) {
+        Ok(mut c) => child::wait(&mut c, child, move || dog.map_or((), Watchdog::disarm)),
+        Err(code) => {
+            if let Some(d) = dog {
+                d.disarm();
+            }
+            Err(code)
+        }
+    };
     // The term's own handle is the one stepped down.
     if let Some(l) = jobctl::current(&ctl.lease).take() {
         let _ = l.release();

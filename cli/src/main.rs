@@ -7,6 +7,7 @@ mod jobctl;
 mod lead;
 mod progress;
 mod status;
+mod watchdog;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -69,6 +70,9 @@ enum Command {
     /// (128+N for a signal N) when stopped while leading; 126/127 if the
     /// command cannot be run; 2 for bad arguments.
     Lead(lead::LeadArgs),
+    /// `lead`'s watchdog over its command's process group (internal).
+    #[command(name = "__watchdog", hide = true)]
+    Watchdog,
 }
 
 fn main() -> ExitCode {
@@ -81,6 +85,7 @@ fn main() -> ExitCode {
         } => status::run(&target, &suffix, json),
         Command::Hold(args) => hold::run(args),
         Command::Lead(args) => lead::run(args),
+        Command::Watchdog => watchdog::run(),
     }
 }
 

@@ -677,6 +677,16 @@ impl Lease {
         self.shared.hold.predecessor_bound()
     }
 
+    /// How much longer this lease counts as held if no confirmation comes
+    /// (zero once its bound passed); `None` for a lease file, which needs
+    /// none. Past it a successor may be elected once the predecessor's
+    /// bound (its [`Lease::predecessor_bound`]) passes, never before: work
+    /// that must not outlive the lease ends by then (what `sidelease
+    /// lead`'s watchdog does for its command when `lead` itself is frozen).
+    pub fn held_for(&self) -> Option<std::time::Duration> {
+        self.shared.hold.held_for()
+    }
+
     /// False when the lease file could only be opened read-only: the lock
     /// holds, but no record was written.
     pub fn record_written(&self) -> bool {

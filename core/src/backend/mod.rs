@@ -147,6 +147,12 @@ pub(crate) trait Held: Send + Sync + RefUnwindSafe + UnwindSafe {
     fn predecessor_bound(&self) -> Option<Duration> {
         None
     }
+    /// How much longer the lease counts as held without another
+    /// confirmation; `None` when it needs none (the kernel keeps a lock
+    /// until its holder lets go or dies).
+    fn held_for(&self) -> Option<Duration> {
+        None
+    }
     /// For the engine's own code, to reach its half of a [`Shared`].
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     fn as_any(&self) -> &dyn Any;

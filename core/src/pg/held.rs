@@ -76,6 +76,13 @@ impl Held for Link {
     /// What the server judged when the row was written: the previous
     /// holder's bound from then if it did not release (as its record gives
     /// it), or a fence an earlier one left that a clean release passed on.
+    fn held_for(&self) -> Option<std::time::Duration> {
+        if self.confirmed.expired() {
+            return Some(std::time::Duration::ZERO);
+        }
+        Some(self.confirmed.bound().saturating_sub(self.confirmed.age()))
+    }
+
     fn predecessor_bound(&self) -> Option<std::time::Duration> {
         Some(
             self.fence_until
