@@ -68,7 +68,7 @@ impl Watchdog {
     /// Start a watchdog, fed from `lease` every quarter of the margin by a
     /// thread of its own until disarmed. `None` (said on stderr) when the
     /// lease needs none (a lease file) or the watchdog cannot be started.
-    /// The command then starts through [`Watchdog::gate`].
+    /// The command then starts through [`gate`].
     pub fn start(lease: &Lease) -> Option<Watchdog> {
         lease.held_for()?;
         let held = lease.try_clone().ok()?;

@@ -384,6 +384,39 @@ fn a_refused_claim_leaves_no_record_that_vouches_for_skipping_the_guard() {
     assert_eq!(h.finish().code(), Some(3));
 }
 
+/// A holder whose record was truncated away and whose file was then moved
+/// aside is an unrelated lock to a contender's guard: another process takes
+/// a new file at the path, and lets go. The holder, putting its file back,
+/// finds that process's later record there and is told lost, never
+/// continuing as if its hold had not been broken. Frozen meanwhile, so that
+/// its watch does not write the record back first.
+#[test]
+fn a_holder_putting_its_file_back_after_someone_else_held_the_lease_is_lost() {
+    let d = tempfile::tempdir().unwrap();
+    let db = d.path().join("app.db");
+    let db = db.to_str().unwrap();
+    let lease = format!("{db}.backend-lease");
+    let mut h = Holder::start(db, &["--no-inherit"]);
+    // SAFETY: kill(2) on a PID this test started; no memory is shared.
+    unsafe { libc::kill(h.child.id() as i32, libc::SIGSTOP) };
+    std::fs::File::create(&lease).unwrap(); // truncated, still locked
+    std::fs::rename(&lease, format!("{db}.aside")).unwrap();
+    std::thread::sleep(Duration::from_millis(5)); // a later millisecond
+    let out = sidelease(&["hold", db, "--", "true"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // SAFETY: as above.
+    unsafe { libc::kill(h.child.id() as i32, libc::SIGCONT) };
+    let status = wait_bounded(&mut h.child);
+    let mut err = String::new();
+    std::io::Read::read_to_string(h.child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(err.contains("held the lease since"), "{status:?} {err}");
+}
+
 /// A command that leaves a background process holding the inherited
 /// descriptor: `hold` must not write `released_at` (the lock is still
 /// held), so after that process dies the next holder is not told the

@@ -325,6 +325,11 @@ fn reanchor(shared: &Arc<Shared>, path: &Path, replaced: bool) -> Outcome {
             .map(|d| (d.st_dev, d.st_ino))
             .unwrap_or((0, 0));
         faults::step("anchor.checked");
+        if let Some(lost) = held_since(shared, bfd) {
+            let _ = rustix::fs::flock(bfd, FlockOperation::Unlock);
+            registry::close_listed(fd, slot);
+            return Outcome::Lost(lost);
+        }
         let rec = Record {
             device: Some(key.0),
             inode: Some(key.1),
@@ -466,6 +471,57 @@ fn committed(shared: &Shared, fd: BorrowedFd<'_>, key: Key) -> bool {
     matches!(Content::parse(&bytes), Content::Record(r)
         if r.device == Some(key.0) && r.inode == Some(key.1) && r.released_at.is_none()
             && r.nonce.is_some() && r.nonce != shared.record.nonce)
+}
+
+/// The file now at the path is free, but its record is another holder's
+/// whose hold came after ours began: a later generation, or a record
+/// written (acquired, put back, released) since we acquired. Someone held
+/// the lease while this holder's file was not at the path (it was
+/// truncated and moved aside, say, and the guard could not tell it from an
+/// unrelated lock), and may have let go since. Taking the file back would
+/// hide that the hold was broken: the lease is lost. A record of an
+/// earlier hold (an old lease file renamed over ours), ours, or none
+/// proves nothing.
+fn held_since(shared: &Shared, fd: BorrowedFd<'_>) -> Option<Lost> {
+    let mine = &shared.record;
+    let bytes = process::read_at_most(fd, 4096, record::RECORD_MAX_BYTES).ok()?;
+    let Content::Record(r) = Content::parse(&bytes) else {
+        return None;
+    };
+    if r.nonce.is_none() || r.nonce == mine.nonce {
+        return None;
+    }
+    let later_generation = matches!((r.generation, mine.generation), (Some(g), Some(o)) if g > o);
+    // Timestamps as written: UTC, milliseconds, one fixed width, so they
+    // order as strings; a release in the very millisecond we began counts.
+    fn stamp(t: &Option<String>) -> Option<&str> {
+        t.as_deref().filter(|t| t.len() == 24 && t.ends_with('Z'))
+    }
+    let since = stamp(&mine.started_at).is_some_and(|begun| {
+        [&r.started_at, &r.released_at]
+            .into_iter()
+            .filter_map(stamp)
+            .any(|t| t >= begun)
+    });
+    if !(later_generation || since) {
+        return None;
+    }
+    let who = match r.pid {
+        Some(p) => format!("pid {p}"),
+        None => "another process".into(),
+    };
+    let generation = r
+        .generation
+        .map(|g| format!(" (generation {g})"))
+        .unwrap_or_default();
+    Some(Lost {
+        lease_path: shared.lease_path.clone(),
+        reason: format!(
+            "the lease file was deleted, moved or replaced while held, and {who} held the \
+             lease since{generation}"
+        ),
+        holders: Vec::new(),
+    })
 }
 
 /// Another process locked the file now at the path: who, and what happened.

@@ -110,15 +110,7 @@ impl FilePending {
             Some(k) => k,
             None => {
                 let target = path::target_of(&of.canon, &self.opts.suffix);
-                let me = guard::Me {
-                    lease_path: &of.canon,
-                    spelled: &self.spelled.lease,
-                    target: &target,
-                    name: &self.spelled.name,
-                    dir,
-                    file_dev: Some(key.0),
-                };
-                let outcome = match guard::check(of.fd(), &me) {
+                let outcome = match guard::check(of.fd(), &self.me(of, &target, dir)) {
                     Ok(o) => o,
                     Err(e) => {
                         back_out(of, &bytes);
@@ -307,19 +299,23 @@ impl FilePending {
         };
         let dir = self.dir_identity(&Content::Empty, of.key, false)?;
         let target = path::target_of(&of.canon, &self.opts.suffix);
-        let me = guard::Me {
-            lease_path: &of.canon,
-            spelled: &self.spelled.lease,
-            target: &target,
-            name: &self.spelled.name,
-            dir,
-            file_dev: Some(of.key.0),
-        };
-        let outcome = guard::precheck(of.fd(), of.key.1, &me);
+        let outcome = guard::precheck(of.fd(), of.key.1, &self.me(of, &target, dir));
         if outcome.orphan.is_none() {
             registry::get().lock().forget_refusal(&of.canon);
         }
         Ok(outcome)
+    }
+
+    /// This lease, as the guard looks for its former files.
+    fn me<'a>(&'a self, of: &'a OpenFile, target: &'a Path, dir: (u64, u64)) -> guard::Me<'a> {
+        guard::Me {
+            lease_path: &of.canon,
+            spelled: &self.spelled.lease,
+            target,
+            name: &self.spelled.name,
+            dir,
+            file_dev: Some(of.key.0),
+        }
     }
 
     /// Refused: a live process holds a former file of this lease.
