@@ -63,6 +63,29 @@ fn wait_bounded(child: &mut Child) -> std::process::ExitStatus {
     }
 }
 
+/// SIGSTOP a process this test started, and wait until every thread of it
+/// has stopped (kill returns before they do: its watch could still act).
+fn stop(pid: u32) {
+    // SAFETY: kill(2) on a PID this test started; no memory is shared.
+    unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let stopped = || {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .flatten()
+            .all(|t| {
+                let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+                stat.rsplit(')')
+                    .next()
+                    .is_some_and(|r| r.trim_start().starts_with('T'))
+            })
+    };
+    while !stopped() {
+        assert!(Instant::now() < deadline, "{pid} did not stop");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 fn status_json(db: &str) -> (i32, serde_json::Value) {
     let out = sidelease(&["status", db, "--json"]);
     let v = serde_json::from_slice(&out.stdout).unwrap();
@@ -364,8 +387,7 @@ fn a_refused_claim_leaves_no_record_that_vouches_for_skipping_the_guard() {
     std::thread::sleep(Duration::from_millis(1100));
     std::fs::rename(&lease, &aside).unwrap();
     let h = Holder::start(db, &["--no-inherit"]);
-    // SAFETY: kill(2) on a PID this test started; no memory is shared.
-    unsafe { libc::kill(h.child.id() as i32, libc::SIGSTOP) };
+    stop(h.child.id());
     std::thread::sleep(Duration::from_millis(20)); // a later timestamp tick
     std::fs::rename(&aside, &lease).unwrap();
     for attempt in 0..3 {
@@ -379,7 +401,7 @@ fn a_refused_claim_leaves_no_record_that_vouches_for_skipping_the_guard() {
     }
     let (_, v) = status_json(db);
     assert_eq!(v["record"]["split_checked"], false, "{v}");
-    // SAFETY: as above.
+    // SAFETY: kill(2) on a PID this test started; no memory is shared.
     unsafe { libc::kill(h.child.id() as i32, libc::SIGCONT) };
     assert_eq!(h.finish().code(), Some(3));
 }
@@ -397,8 +419,7 @@ fn a_holder_putting_its_file_back_after_someone_else_held_the_lease_is_lost() {
     let db = db.to_str().unwrap();
     let lease = format!("{db}.backend-lease");
     let mut h = Holder::start(db, &["--no-inherit"]);
-    // SAFETY: kill(2) on a PID this test started; no memory is shared.
-    unsafe { libc::kill(h.child.id() as i32, libc::SIGSTOP) };
+    stop(h.child.id());
     std::fs::File::create(&lease).unwrap(); // truncated, still locked
     std::fs::rename(&lease, format!("{db}.aside")).unwrap();
     std::thread::sleep(Duration::from_millis(5)); // a later millisecond
@@ -409,7 +430,7 @@ fn a_holder_putting_its_file_back_after_someone_else_held_the_lease_is_lost() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    // SAFETY: as above.
+    // SAFETY: kill(2) on a PID this test started; no memory is shared.
     unsafe { libc::kill(h.child.id() as i32, libc::SIGCONT) };
     let status = wait_bounded(&mut h.child);
     let mut err = String::new();
