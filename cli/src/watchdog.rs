@@ -4,55 +4,63 @@
 //! and a `lead` stopped by SIGSTOP — which cannot be caught — would leave
 //! its command working past that moment. So `lead` feeds a watchdog, a
 //! process of its own in a process group of its own (a SIGSTOP of `lead`'s
-//! group does not reach it), how much longer the lease counts as held; fed
-//! nothing more by then, the watchdog SIGKILLs the command's group.
+//! group does not reach it), until when the lease counts as held, on the
+//! machine's boot clock. When the feed has gone quiet and that moment is
+//! near, the watchdog SIGKILLs the command's group. While `lead` runs and
+//! feeds it, the watchdog does nothing: a loss is `lead`'s to handle
+//! (`--on-lost`, `--kill-after`).
 //!
-//! The watchdog signals a process group only while it is sure the group is
+//! The command tells the watchdog its process group itself, between fork
+//! and exec, after the first deadline is in the pipe: a `lead` stopped at
+//! any moment never leaves a command running that its watchdog does not
+//! watch. The watchdog signals a group only while it is sure the group is
 //! the command's: `lead` disarms it, and waits for its answer, after the
 //! command ended and before it is reaped (until then its PID, and so the
 //! group's ID, cannot be taken by another process).
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use sidelease::platform::clock::boot_ms;
+use sidelease::platform::process::self_exe;
 use sidelease::Lease;
-
-/// Ended this much before the lease's bound passes: what a SIGKILL takes
-/// to land, and the feed's own delay, with room to spare.
-pub const MARGIN: Duration = Duration::from_millis(50);
-
-/// How long `lead` waits for the watchdog's answer to a disarm before it
-/// ends the watchdog itself (a watchdog someone stopped).
-const ANSWER_WITHIN: Duration = Duration::from_secs(1);
 
 /// The name of the hidden subcommand the watchdog runs as.
 pub const SUBCOMMAND: &str = "__watchdog";
 
+/// How long `lead` waits for the watchdog to start, and for its answer to
+/// a disarm, before it ends it itself (a watchdog someone stopped).
+const ANSWER_WITHIN: Duration = Duration::from_secs(1);
+
 /// The message that disarms; one with [`GROUP`] set names the command's
-/// process group; any other is milliseconds left.
+/// process group; any other is a deadline (boot clock, milliseconds).
 const DISARM: u64 = u64::MAX;
 const GROUP: u64 = 1 << 63;
 
-/// In the command's process, between fork and exec (async-signal-safe
-/// calls only): tell the watchdog our process group (we lead it: our PID)
-/// and wait until it has it. A `lead` stopped at any moment thus never
-/// leaves a command working that its watchdog does not know of.
-pub fn gate((to, from): (i32, i32)) -> std::io::Result<()> {
-    // SAFETY: getpid, write and read on descriptors open in this process.
-    unsafe {
-        let msg = (GROUP | libc::getpid() as u64).to_le_bytes();
-        if libc::write(to, msg.as_ptr().cast(), 8) != 8 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let mut b = 0u8;
-        if libc::read(from, (&mut b as *mut u8).cast(), 1) != 1 {
-            return Err(std::io::Error::other("the watchdog did not answer"));
+/// The timing for a lease whose bound is `bound`, in milliseconds: the
+/// group is killed `margin` before the lease's deadline once the feed has
+/// been quiet for `quiet` (less than the margin, so a `lead` frozen just
+/// before the deadline is caught by it), and the feed writes every `every`
+/// (well within `quiet`).
+#[derive(Clone, Copy)]
+struct Timing {
+    margin: u64,
+    quiet: u64,
+    every: Duration,
+}
+
+impl Timing {
+    fn of(bound: Duration) -> Timing {
+        let margin = (bound.as_millis() as u64 / 4).clamp(4, 50);
+        Timing {
+            margin,
+            quiet: margin / 2,
+            every: Duration::from_millis((margin / 8).max(1)),
         }
     }
-    Ok(())
 }
 
 /// `lead`'s end of a watchdog.
@@ -65,16 +73,29 @@ pub struct Watchdog {
 }
 
 impl Watchdog {
-    /// Start a watchdog, fed from `lease` every quarter of the margin by a
-    /// thread of its own until disarmed. `None` (said on stderr) when the
-    /// lease needs none (a lease file) or the watchdog cannot be started.
-    /// The command then starts through [`gate`].
+    /// Start a watchdog, fed from `lease` by a thread of its own until
+    /// disarmed; the first deadline is in its pipe when this returns. `None`
+    /// when the lease needs none (a lease file); `None`, said on stderr,
+    /// when a watchdog cannot be had (the command then runs unwatched, as
+    /// before there were watchdogs).
     pub fn start(lease: &Lease) -> Option<Watchdog> {
-        lease.held_for()?;
-        let held = lease.try_clone().ok()?;
-        let exe = std::env::current_exe().ok()?;
-        let mut cmd = Command::new(exe);
+        let bound = lease.held_for()?;
+        let fail = |why: &dyn std::fmt::Display| -> Option<Watchdog> {
+            eprintln!(
+                "sidelease: no watchdog for this term ({why}): a stopped lead cannot end its command"
+            );
+            None
+        };
+        let held = match lease.try_clone() {
+            Ok(h) => h,
+            Err(e) => return fail(&e),
+        };
+        // The bound as it stands now: most of it (confirmations come four
+        // times within it).
+        let timing = Timing::of(bound);
+        let mut cmd = Command::new(self_exe());
         cmd.arg(SUBCOMMAND)
+            .arg(timing.quiet.to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped());
         // A group of its own: neither a SIGSTOP of `lead`'s group nor the
@@ -82,24 +103,35 @@ impl Watchdog {
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         let mut child = match cmd.spawn() {
             Ok(c) => c,
-            Err(e) => {
-                eprintln!("sidelease: cannot start the watchdog: {e}");
-                return None;
-            }
+            Err(e) => return fail(&e),
         };
-        let to = Arc::new(Mutex::new(child.stdin.take()));
-        let from = child.stdout.take()?;
+        let end = |child: &mut Child, why: &str| {
+            let _ = child.kill();
+            let _ = child.wait();
+            fail(&why)
+        };
+        let (Some(mut to), Some(mut from)) = (child.stdin.take(), child.stdout.take()) else {
+            return end(&mut child, "no pipe");
+        };
+        // Ready, and its first deadline given before any command starts.
+        let first = deadline(lease, timing);
+        if answer(&mut from, ANSWER_WITHIN) != Some(b'r')
+            || to.write_all(&first.to_le_bytes()).is_err()
+        {
+            return end(&mut child, "it did not start");
+        }
+        // Writes never block the feed (and with it a disarm): a watchdog
+        // that stopped reading misses deadlines it would not act on anyway.
+        set_nonblocking(to.as_raw_fd());
+        let to = Arc::new(Mutex::new(Some(to)));
         let fed = to.clone();
         let feed = std::thread::spawn(move || loop {
-            let left = held.held_for().unwrap_or_default();
+            let d = deadline(&held, timing);
             let mut slot = fed.lock().unwrap_or_else(|e| e.into_inner());
             let Some(pipe) = slot.as_mut() else { return };
-            let ms = left.saturating_sub(MARGIN).as_millis() as u64;
-            if pipe.write_all(&ms.to_le_bytes()).is_err() {
-                return;
-            }
+            let _ = pipe.write(&d.to_le_bytes());
             drop(slot);
-            std::thread::sleep(MARGIN / 4);
+            std::thread::sleep(timing.every);
         });
         Some(Watchdog {
             child,
@@ -128,111 +160,164 @@ impl Watchdog {
             let mut slot = to.lock().unwrap_or_else(|e| e.into_inner());
             let ok = slot
                 .as_mut()
-                .is_some_and(|p| p.write_all(&DISARM.to_le_bytes()).is_ok());
+                .is_some_and(|p| p.write(&DISARM.to_le_bytes()).is_ok_and(|n| n == 8));
             *slot = None; // the feed stops
             ok
         };
         // Its handle on the lease is dropped before the term steps down.
         let _ = feed.join();
-        if !(said && answered(&mut from, ANSWER_WITHIN)) {
+        if !(said && answer(&mut from, ANSWER_WITHIN) == Some(b'd')) {
             let _ = child.kill(); // our child, not reaped: its PID
         }
         let _ = child.wait();
     }
 }
 
-/// Whether the watchdog wrote its answer within `within`.
-fn answered(from: &mut ChildStdout, within: Duration) -> bool {
-    let mut fds = [libc::pollfd {
-        fd: from.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    }];
-    let deadline = Instant::now() + within;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        // SAFETY: one valid pollfd.
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), 1, left.as_millis() as i32) };
-        if r > 0 {
-            let mut b = [0u8; 1];
-            return from.read(&mut b).is_ok_and(|n| n == 1);
-        }
-        if r == 0 || Instant::now() >= deadline {
-            return false;
+/// Until when the lease counts as held, less the margin, on the boot clock.
+fn deadline(lease: &Lease, timing: Timing) -> u64 {
+    let left = lease.held_for().unwrap_or_default().as_millis() as u64;
+    (boot_ms() + left).saturating_sub(timing.margin) & !GROUP
+}
+
+fn set_nonblocking(fd: i32) {
+    // SAFETY: fcntl on a descriptor this process owns.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags >= 0 {
+            libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK);
         }
     }
 }
 
-/// The watchdog itself: SIGKILL the command's group when a deadline
-/// passes unfed or `lead` is gone (its end of the pipe closed); answer a
-/// disarm and exit.
-pub fn run() -> std::process::ExitCode {
-    let mut group: Option<i32> = None;
-    let mut deadline: Option<Instant> = None;
-    let mut input = std::io::stdin().lock();
-    let mut pending = Vec::with_capacity(8);
-    let kill = |group: Option<i32>, why: &str| {
-        let Some(g) = group.filter(|&g| g > 1) else {
-            return;
-        };
-        // SAFETY: kill has no memory effects; the group is the command's
-        // until `lead` disarms us, which it does before reaping it.
-        unsafe { libc::kill(-g, libc::SIGKILL) };
-        eprintln!("sidelease: watchdog: {why}: killed the command (process group {g})");
-    };
-    let mut killed = false;
+/// The byte the watchdog wrote within `within`, if it did.
+fn answer(from: &mut ChildStdout, within: Duration) -> Option<u8> {
+    let fd = from.as_raw_fd();
+    let end = boot_ms() + within.as_millis() as u64;
     loop {
-        let timeout = match deadline {
-            Some(d) => d.saturating_duration_since(Instant::now()).as_millis() as i32,
-            None => -1,
+        let mut fds = [libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        let left = end.saturating_sub(boot_ms());
+        // SAFETY: one valid pollfd.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), 1, left as i32) };
+        if r > 0 {
+            let mut b = 0u8;
+            // SAFETY: reads one byte into `b`.
+            let n = unsafe { libc::read(fd, (&mut b as *mut u8).cast(), 1) };
+            return (n == 1).then_some(b);
+        }
+        if r == 0 || boot_ms() >= end {
+            return None;
+        }
+    }
+}
+
+/// In the command's process, between fork and exec (async-signal-safe
+/// calls only): tell the watchdog our process group (we lead it: our PID)
+/// and wait until it has it.
+pub fn gate((to, from): (i32, i32)) -> std::io::Result<()> {
+    let msg = (GROUP | std::process::id() as u64).to_le_bytes();
+    let mut tries = 0;
+    // SAFETY: write, poll and read on descriptors open in this process.
+    unsafe {
+        loop {
+            if libc::write(to, msg.as_ptr().cast(), 8) == 8 {
+                break;
+            }
+            // The pipe is full (non-blocking): wait for room, a while.
+            tries += 1;
+            let mut fds = [libc::pollfd {
+                fd: to,
+                events: libc::POLLOUT,
+                revents: 0,
+            }];
+            if tries > 10 || libc::poll(fds.as_mut_ptr(), 1, 100) < 0 {
+                return Err(std::io::Error::from_raw_os_error(libc::EPIPE));
+            }
+        }
+        let mut b = 0u8;
+        if libc::read(from, (&mut b as *mut u8).cast(), 1) != 1 || b != b'g' {
+            return Err(std::io::Error::from_raw_os_error(libc::EPIPE));
+        }
+    }
+    Ok(())
+}
+
+/// The watchdog itself. `quiet`: how long the feed must have been silent
+/// before a passed deadline is acted on (milliseconds). SIGKILLs the
+/// command's group once the deadline passed and `lead` has fed nothing for
+/// that long; answers a disarm and exits; exits when `lead` is gone (the
+/// kernel ends the command with it).
+pub fn run(quiet: &str) -> std::process::ExitCode {
+    let Ok(quiet) = quiet.parse::<u64>() else {
+        eprintln!("sidelease {SUBCOMMAND}: not a number of milliseconds: {quiet:?}");
+        return std::process::ExitCode::from(2);
+    };
+    let say = |b: &[u8]| {
+        let mut o = std::io::stdout();
+        let _ = o.write_all(b).and_then(|()| o.flush());
+    };
+    say(b"r");
+    let mut group: Option<i32> = None;
+    let mut deadline: Option<u64> = None;
+    let mut heard = boot_ms();
+    let mut killed = false;
+    let mut pending: Vec<u8> = Vec::with_capacity(16);
+    loop {
+        let now = boot_ms();
+        let due = match (group, deadline, killed) {
+            (Some(_), Some(d), false) => Some(d.max(heard + quiet)),
+            _ => None,
         };
+        if let (Some(g), Some(at)) = (group, due) {
+            if now >= at {
+                // SAFETY: kill has no memory effects; the group is the
+                // command's until `lead` disarms us, which it does before
+                // reaping it.
+                unsafe { libc::kill(-g, libc::SIGKILL) };
+                eprintln!(
+                    "sidelease: watchdog: lead did not feed it and its lease's bound is near \
+                     (lead stopped?): killed the command (process group {g})"
+                );
+                killed = true;
+                continue;
+            }
+        }
+        let timeout = due.map_or(-1, |at| at.saturating_sub(now).min(i32::MAX as u64) as i32);
         let mut fds = [libc::pollfd {
             fd: 0,
             events: libc::POLLIN,
             revents: 0,
         }];
         // SAFETY: one valid pollfd.
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), 1, timeout) };
-        if r == 0 {
-            if !killed {
-                kill(
-                    group,
-                    "the leader did not confirm its lease in time (stopped, or its server silent)",
-                );
-                killed = group.is_some();
-            }
-            deadline = None;
-            continue;
+        if unsafe { libc::poll(fds.as_mut_ptr(), 1, timeout) } <= 0 {
+            continue; // the deadline, or EINTR: look again
         }
-        if r < 0 {
-            continue; // EINTR
+        let mut buf = [0u8; 512];
+        // SAFETY: reads into `buf`, straight from the pipe (no buffer of
+        // ours that poll would not see).
+        let n = unsafe { libc::read(0, buf.as_mut_ptr().cast(), buf.len()) };
+        if n <= 0 {
+            return std::process::ExitCode::SUCCESS; // lead is gone
         }
-        let mut buf = [0u8; 64];
-        let n = match input.read(&mut buf) {
-            Ok(0) | Err(_) => {
-                kill(group, "the leader is gone");
-                return std::process::ExitCode::SUCCESS;
-            }
-            Ok(n) => n,
-        };
-        pending.extend_from_slice(&buf[..n]);
+        heard = boot_ms();
+        pending.extend_from_slice(&buf[..n as usize]);
         while pending.len() >= 8 {
-            let msg = u64::from_le_bytes(pending[..8].try_into().unwrap_or([0; 8]));
+            let mut m = [0u8; 8];
+            m.copy_from_slice(&pending[..8]);
             pending.drain(..8);
-            let out = |b: &[u8]| {
-                let mut o = std::io::stdout();
-                let _ = o.write_all(b).and_then(|()| o.flush());
-            };
+            let msg = u64::from_le_bytes(m);
             if msg == DISARM {
-                out(b"d");
+                say(b"d");
                 return std::process::ExitCode::SUCCESS;
-            }
-            if msg & GROUP != 0 {
+            } else if msg & GROUP != 0 {
                 group = Some((msg & !GROUP) as i32);
-                out(b"g");
-                continue;
+                say(b"g");
+            } else {
+                deadline = Some(msg);
             }
-            deadline = Some(Instant::now() + Duration::from_millis(msg));
         }
     }
 }

@@ -325,7 +325,7 @@ fn reanchor(shared: &Arc<Shared>, path: &Path, replaced: bool) -> Outcome {
             .map(|d| (d.st_dev, d.st_ino))
             .unwrap_or((0, 0));
         faults::step("anchor.checked");
-        if let Some(lost) = held_since(shared, bfd) {
+        if let Some(lost) = held_since(shared, bfd, key) {
             let _ = rustix::fs::flock(bfd, FlockOperation::Unlock);
             registry::close_listed(fd, slot);
             return Outcome::Lost(lost);
@@ -482,13 +482,22 @@ fn committed(shared: &Shared, fd: BorrowedFd<'_>, key: Key) -> bool {
 /// hide that the hold was broken: the lease is lost. A record of an
 /// earlier hold (an old lease file renamed over ours), ours, or none
 /// proves nothing.
-fn held_since(shared: &Shared, fd: BorrowedFd<'_>) -> Option<Lost> {
+fn held_since(shared: &Shared, fd: BorrowedFd<'_>, key: Key) -> Option<Lost> {
     let mine = &shared.record;
     let bytes = process::read_at_most(fd, 4096, record::RECORD_MAX_BYTES).ok()?;
     let Content::Record(r) = Content::parse(&bytes) else {
         return None;
     };
-    if r.nonce.is_none() || r.nonce == mine.nonce {
+    // A hold of this very file at this lease's path (not a copy, nor
+    // another database's lease file renamed over ours), neither ours nor
+    // the one ours followed.
+    let displaced = matches!(&shared.previous, Content::Record(p) if p.nonce == r.nonce);
+    if r.nonce.is_none()
+        || r.nonce == mine.nonce
+        || displaced
+        || (r.device, r.inode) != (Some(key.0), Some(key.1))
+        || r.lease_path.as_deref().map(Path::new) != Some(shared.lease_path.as_path())
+    {
         return None;
     }
     let later_generation = matches!((r.generation, mine.generation), (Some(g), Some(o)) if g > o);

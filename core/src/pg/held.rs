@@ -73,9 +73,6 @@ impl Held for Link {
         self.hand_on()
     }
 
-    /// What the server judged when the row was written: the previous
-    /// holder's bound from then if it did not release (as its record gives
-    /// it), or a fence an earlier one left that a clean release passed on.
     fn held_for(&self) -> Option<std::time::Duration> {
         if self.confirmed.expired() {
             return Some(std::time::Duration::ZERO);
@@ -83,6 +80,9 @@ impl Held for Link {
         Some(self.confirmed.bound().saturating_sub(self.confirmed.age()))
     }
 
+    /// What the server judged when the row was written: the previous
+    /// holder's bound from then if it did not release (as its record gives
+    /// it), or a fence an earlier one left that a clean release passed on.
     fn predecessor_bound(&self) -> Option<std::time::Duration> {
         Some(
             self.fence_until

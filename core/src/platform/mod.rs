@@ -27,8 +27,7 @@ mod portable;
 #[cfg(any(not(target_os = "linux"), feature = "portable"))]
 use portable as imp;
 
-#[cfg(feature = "postgres")]
-pub(crate) use imp::clock;
+pub use imp::clock;
 pub use imp::{
     filestat, fsevents, fskind, locks, mounts, notify, paths, process, random, reaper, sockopt,
     wakefd,

@@ -401,7 +401,19 @@ fn back_out(of: &OpenFile, bytes: &[u8]) {
 /// true; every other field as it was (fields this version does not know
 /// included).
 fn no_longer_vouching(bytes: &[u8]) -> Option<Vec<u8>> {
-    let mut v: serde_json::Value = serde_json::from_slice(bytes.trim_ascii()).ok()?;
+    let Ok(mut v) = serde_json::from_slice::<serde_json::Value>(bytes.trim_ascii()) else {
+        // A record our own reading accepts but a plain JSON value does not
+        // (a number out of range in a field we ignore): put it back as we
+        // read it, never still vouching.
+        let Content::Record(mut r) = Content::parse(bytes) else {
+            return None;
+        };
+        if r.split_checked != Some(true) {
+            return None;
+        }
+        r.split_checked = Some(false);
+        return Some(r.to_line());
+    };
     let checked = v.as_object_mut()?.get_mut("split_checked")?;
     if *checked != serde_json::Value::Bool(true) {
         return None;

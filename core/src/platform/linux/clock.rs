@@ -4,7 +4,7 @@
 //! monotonic clock stops meanwhile.
 
 /// Milliseconds since boot, suspended time included.
-pub(crate) fn boot_ms() -> u64 {
+pub fn boot_ms() -> u64 {
     let mut t = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

@@ -8,8 +8,7 @@ pub(crate) use super::{note_unavailable, Missing};
 
 pub const NAME: &str = "linux";
 
-#[cfg(feature = "postgres")]
-pub(crate) mod clock;
+pub mod clock;
 mod dirs;
 pub mod filestat;
 pub mod fsevents;

@@ -329,6 +329,12 @@ pub fn stat_fd(pid: u32, fd: u32) -> io::Result<rustix::fs::Stat> {
     Ok(rustix::fs::stat(format!("/proc/{pid}/fd/{fd}"))?)
 }
 
+/// This program, to start again as a helper: the running binary even if
+/// its file was replaced (a package upgrade) since.
+pub fn self_exe() -> std::path::PathBuf {
+    std::path::PathBuf::from("/proc/self/exe")
+}
+
 /// Have the kernel SIGKILL this process when the thread that started it
 /// ends (`PR_SET_PDEATHSIG`): a command run by a leader dies with it, so a
 /// leader killed outright is succeeded at once. For a child between fork

@@ -2,7 +2,7 @@
 //! may stop while the system is suspended, so a bound measured on it can
 //! run long by the time spent suspended (docs/platforms.md).
 
-pub(crate) fn boot_ms() -> u64 {
+pub fn boot_ms() -> u64 {
     let mut t = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

@@ -9,8 +9,7 @@ pub(crate) use super::{note_unavailable, Missing};
 
 pub const NAME: &str = "portable";
 
-#[cfg(feature = "postgres")]
-pub(crate) mod clock;
+pub mod clock;
 pub mod filestat;
 pub mod fsevents;
 pub mod fskind;

@@ -111,6 +111,12 @@ pub fn stat_fd(_pid: u32, _fd: u32) -> io::Result<rustix::fs::Stat> {
     Err(unsupported("another process's descriptors"))
 }
 
+/// This program, to start again as a helper, as the system names it (a
+/// file replaced since is the new one).
+pub fn self_exe() -> std::path::PathBuf {
+    std::env::current_exe().unwrap_or_else(|_| std::path::PathBuf::from("sidelease"))
+}
+
 /// Nothing ends a command with its parent here: `Ok(false)`, and the
 /// command keeps what it inherited until it exits.
 pub fn end_with_parent(_parent: u32) -> io::Result<bool> {
