@@ -36,7 +36,7 @@ test('onWaiting and the channel name the holder once, within 1 s', async () => {
     await h.release();
     const lease = await withTimeout(wait, STEP, 'acquireAsync');
     lease.release();
-    assert.equal(heard.length, 1);
+    assert.equal(heard.length, 1, JSON.stringify(heard.map(([t, i]) => [t, i.holder?.pid, i.holders])));
     assert.deepEqual(published, [info], 'the channel heard the same');
   } finally {
     diagnostics.unsubscribe('sidelease:waiting', onPublish);
