@@ -175,7 +175,9 @@ describe('acquireAsync', () => {
     }
   });
 
-  test('150 waits share two inotify instances, and an idle process keeps none', async () => {
+  // The fixture waits twice for the watch to go idle (2 s each) and takes
+  // 150 new lease files: about 7 s, past Bun's 5 s default.
+  test('150 waits share two inotify instances, and an idle process keeps none', { timeout: 60_000 }, async () => {
     const out = JSON.parse(
       execFileSync(process.execPath, [path.join(here, 'fixtures', 'instances.cjs'), tmpdir()], {
         encoding: 'utf8',
