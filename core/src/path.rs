@@ -196,8 +196,8 @@ fn check_protected_symlink(dir: &Path, name: &OsStr) -> io::Result<()> {
     if !paths::protected_symlinks() {
         return Ok(());
     }
-    let d = rustix::fs::stat(dir)?;
-    let l = rustix::fs::lstat(dir.join(name))?;
+    let d = crate::platform::stat::stat(dir)?;
+    let l = crate::platform::stat::lstat(dir.join(name))?;
     let sticky_world_writable = d.st_mode & 0o1002 == 0o1002;
     let me = rustix::process::geteuid().as_raw();
     if !sticky_world_writable || l.st_uid == me || l.st_uid == d.st_uid {

@@ -7,7 +7,7 @@ use std::os::fd::BorrowedFd;
 use std::path::Path;
 use std::sync::Mutex;
 
-use rustix::fs::{Gid, Mode, Uid};
+use rustix::fs::{Gid, Uid};
 
 use crate::error::{Error, Result};
 use crate::path;
@@ -30,7 +30,7 @@ pub(crate) const CREATE_MODE: u32 = 0o600;
 /// (owner, group, other) that may write the target, owned like it; `0600`
 /// while the target does not exist. The umask applies.
 pub(crate) fn for_target(target: &Path) -> Access {
-    match rustix::fs::stat(target) {
+    match crate::platform::stat::stat(target) {
         Ok(st) => Access {
             mode: for_writers(st.st_mode),
             umask: true,
@@ -73,7 +73,7 @@ fn umask() -> u32 {
 /// file's group gets what others get, since its members are others to the
 /// database.
 pub(crate) fn apply(fd: BorrowedFd<'_>, access: &Access) {
-    let Ok(st) = rustix::fs::fstat(fd) else {
+    let Ok(st) = crate::platform::stat::fstat(fd) else {
         return;
     };
     let mut mode = access.mode;
@@ -92,7 +92,7 @@ pub(crate) fn apply(fd: BorrowedFd<'_>, access: &Access) {
         }
     }
     if mode != st.st_mode & 0o777 {
-        let _ = rustix::fs::fchmod(fd, Mode::from_raw_mode(mode));
+        let _ = rustix::fs::fchmod(fd, crate::platform::stat::mode(mode));
     }
 }
 
@@ -116,7 +116,7 @@ pub(crate) fn not_planted(
         Some(s) => s,
         None => {
             let dir = path::parent_of(lease_path);
-            let Ok(d) = rustix::fs::stat(dir) else {
+            let Ok(d) = crate::platform::stat::stat(dir) else {
                 return Ok(());
             };
             let shared_sticky = d.st_mode & 0o1000 != 0 && d.st_mode & 0o022 != 0;
@@ -124,7 +124,7 @@ pub(crate) fn not_planted(
                 && uid != 0
                 && uid != d.st_uid
                 && uid != rustix::process::geteuid().as_raw()
-                && rustix::fs::stat(target).map_or(true, |t| t.st_uid != uid)
+                && crate::platform::stat::stat(target).map_or(true, |t| t.st_uid != uid)
             {
                 return Err(refused(
                     lease_path,

@@ -17,7 +17,7 @@ use std::os::fd::{BorrowedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use rustix::fs::{FileType, FlockOperation, Mode, OFlags};
+use rustix::fs::{FileType, FlockOperation, OFlags};
 use rustix::io::Errno;
 
 use crate::error::{Contention, Error, Result};
@@ -386,9 +386,9 @@ impl FilePending {
             return Ok(None);
         }
         let path = &self.spelled.lease;
-        match rustix::fs::lstat(path) {
+        match crate::platform::stat::lstat(path) {
             Ok(st) => {
-                match FileType::from_raw_mode(st.st_mode) {
+                match st.file_type() {
                     FileType::Symlink => return Err(symlink_error(path)),
                     FileType::Directory => {
                         return Err(Error::io("open", path, Errno::ISDIR));
@@ -412,7 +412,13 @@ impl FilePending {
         // file's reads, writes or flock).
         let base = OFlags::CLOEXEC | OFlags::NOFOLLOW | OFlags::NOCTTY | OFlags::NONBLOCK;
         let open = |flags: OFlags, mode: u32| {
-            registry::open_listed(|| Ok(rustix::fs::open(path, flags, Mode::from_raw_mode(mode))?))
+            registry::open_listed(|| {
+                Ok(rustix::fs::open(
+                    path,
+                    flags,
+                    crate::platform::stat::mode(mode),
+                )?)
+            })
         };
         let (fd, slot, writable) = match open(base | OFlags::RDWR, 0) {
             Ok(r) => {
@@ -448,7 +454,7 @@ impl FilePending {
                     Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
                         // Never create directories: name the missing one
                         // (or the file, on a filesystem that refuses it).
-                        let at = if rustix::fs::stat(dir).is_ok() {
+                        let at = if crate::platform::stat::stat(dir).is_ok() {
                             path
                         } else {
                             dir
@@ -502,7 +508,7 @@ impl FilePending {
             return Ok(Opened::Moved);
         };
         let st = stat_with_age(of.fd()).map_err(|e| Error::io(filestat::CALL, &canon, e))?;
-        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+        if st.file_type() != FileType::RegularFile {
             return Err(Error::io(
                 "open",
                 &canon,
@@ -640,7 +646,7 @@ impl FilePending {
 /// Whether `path` names the file `key` (a missing path names none; an
 /// error looking counts as naming it, so the wait goes on as before).
 fn names(path: &Path, key: Key) -> bool {
-    match rustix::fs::lstat(path) {
+    match crate::platform::stat::lstat(path) {
         Ok(st) => (st.st_dev, st.st_ino) == key && st.st_nlink > 0,
         Err(Errno::NOENT) | Err(Errno::NOTDIR) => false,
         Err(_) => true,

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rustix::fs::{FlockOperation, Mode, OFlags};
+use rustix::fs::{FlockOperation, OFlags};
 use rustix::io::Errno;
 
 use crate::error::Lost;
@@ -143,7 +143,7 @@ fn check_inner(shared: &Arc<Shared>, sweep: bool) -> Outcome {
     // spelled through a symlink.
     let paths: Vec<std::path::PathBuf> = shared.paths().map(Path::to_path_buf).collect();
     for path in &paths {
-        let now_names = match rustix::fs::lstat(path) {
+        let now_names = match crate::platform::stat::lstat(path) {
             // An unlink notifies before the name leaves the dentry cache, so
             // a look right after the event can still find the unlinked file:
             // its link count (already 0) tells.
@@ -259,7 +259,7 @@ fn reanchor(shared: &Arc<Shared>, path: &Path, replaced: bool) -> Outcome {
         faults::step("anchor.opened");
         // SAFETY: open until closed below or handed to the anchor.
         let bfd = unsafe { BorrowedFd::borrow_raw(fd) };
-        let Ok(fst) = rustix::fs::fstat(bfd) else {
+        let Ok(fst) = crate::platform::stat::fstat(bfd) else {
             registry::close_listed(fd, slot);
             continue;
         };
@@ -310,7 +310,7 @@ fn reanchor(shared: &Arc<Shared>, path: &Path, replaced: bool) -> Outcome {
         // check is an event (the watch stays on a file we end up not
         // holding; it is removed when it next fires).
         watch::add_anchor(shared, bfd, key);
-        match rustix::fs::lstat(path) {
+        match crate::platform::stat::lstat(path) {
             Ok(now) if (now.st_dev, now.st_ino) == key && now.st_nlink > 0 => {}
             _ => {
                 let _ = rustix::fs::flock(bfd, FlockOperation::Unlock);
@@ -321,7 +321,7 @@ fn reanchor(shared: &Arc<Shared>, path: &Path, replaced: bool) -> Outcome {
         // The directory the file is in now: after the directory was
         // renamed, replaced or mounted over it is another one, and the
         // guard must recognise this file by it (and by its path).
-        let dir = rustix::fs::stat(crate::path::parent_of(path))
+        let dir = crate::platform::stat::stat(crate::path::parent_of(path))
             .map(|d| (d.st_dev, d.st_ino))
             .unwrap_or((0, 0));
         faults::step("anchor.checked");
@@ -401,7 +401,7 @@ fn open_for_anchor(
             Ok(rustix::fs::open(
                 path,
                 flags,
-                Mode::from_raw_mode(access::CREATE_MODE),
+                crate::platform::stat::mode(access::CREATE_MODE),
             )?)
         })
     };
@@ -421,7 +421,7 @@ fn open_for_anchor(
             return Ok((fd, slot, true));
         }
         Err(e) if e.raw_os_error() == Some(libc::EEXIST) => open(base | OFlags::RDWR),
-        Err(e) => match rustix::fs::lstat(path) {
+        Err(e) => match crate::platform::stat::lstat(path) {
             Ok(_) => open(base | OFlags::RDWR),
             Err(_) => return Err(e),
         },
@@ -448,7 +448,7 @@ fn open_for_anchor(
     // file is not adopted).
     // SAFETY: just opened; closed below or returned to the caller.
     let bfd = unsafe { BorrowedFd::borrow_raw(fd) };
-    let planted = rustix::fs::fstat(bfd)
+    let planted = crate::platform::stat::fstat(bfd)
         .map_err(std::io::Error::from)
         .and_then(|st| {
             access::not_planted(path, target, (st.st_dev, st.st_ino, st.st_uid, st.st_nlink))

@@ -300,8 +300,8 @@ fn may_own(me: &Me<'_>, pid: u32) -> bool {
     let Some(who) = process::credentials(pid) else {
         return true;
     };
-    let st = rustix::fs::stat(me.target)
-        .or_else(|_| rustix::fs::stat(crate::path::parent_of(me.target)));
+    let st = crate::platform::stat::stat(me.target)
+        .or_else(|_| crate::platform::stat::stat(crate::path::parent_of(me.target)));
     match st {
         Ok(st) => who.may_write(st.st_mode, st.st_uid, st.st_gid),
         Err(_) => true,

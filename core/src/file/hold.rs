@@ -76,7 +76,7 @@ impl Held for FileHold {
 
     fn check(&self, s: &Arc<Shared>) -> Result<Check> {
         for path in s.paths() {
-            match rustix::fs::lstat(path) {
+            match crate::platform::stat::lstat(path) {
                 Ok(st) if st.st_nlink > 0 => {
                     let key = (st.st_dev, st.st_ino);
                     if !s.state().anchors.iter().any(|a| a.key == key) {
@@ -153,7 +153,7 @@ fn record_release_if_free(s: &Shared, a: &Anchor, stamp: &str) {
     };
     // SAFETY: open until close_listed below.
     let bfd = unsafe { BorrowedFd::borrow_raw(fd) };
-    let same = rustix::fs::fstat(bfd).is_ok_and(|st| (st.st_dev, st.st_ino) == a.key);
+    let same = crate::platform::stat::fstat(bfd).is_ok_and(|st| (st.st_dev, st.st_ino) == a.key);
     if same && rustix::fs::flock(bfd, FlockOperation::NonBlockingLockExclusive).is_ok() {
         let bytes = process::read_at_most(bfd, a.len, record::RECORD_MAX_BYTES).unwrap_or_default();
         let ours = matches!(Content::parse(&bytes), Content::Record(r)

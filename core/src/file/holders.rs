@@ -49,7 +49,7 @@ pub(crate) fn kernel_holders(key: KernelKey, locks: &[FlockLock]) -> Vec<u32> {
 /// the lock, that is the kernel's answer without reading `/proc/locks`
 /// (whose read can cost an RCU grace period) or the mount table.
 pub(crate) fn holders_of(fd: BorrowedFd<'_>, record_pid: Option<u32>) -> Vec<u32> {
-    let Ok(st) = rustix::fs::fstat(fd) else {
+    let Ok(st) = crate::platform::stat::fstat(fd) else {
         return Vec::new();
     };
     if let Some(pid) = record_pid {
@@ -90,7 +90,7 @@ pub(crate) enum Lockers {
 }
 
 pub(crate) fn lockers(fd: BorrowedFd<'_>) -> Lockers {
-    let Ok(st) = rustix::fs::fstat(fd) else {
+    let Ok(st) = crate::platform::stat::fstat(fd) else {
         return Lockers::Unseen;
     };
     let Ok((major, minor)) = process::kernel_device(fd) else {

@@ -40,7 +40,7 @@ pub(crate) fn inspect(target: &Path, options: &Options) -> Result<Inspection> {
     let found = read_lease_file(&spelled)?;
     let lp = &found.lease_path;
     let dir_path = path::parent_of(lp);
-    let dir = rustix::fs::stat(dir_path).map_err(|e| Error::io("stat", dir_path, e))?;
+    let dir = crate::platform::stat::stat(dir_path).map_err(|e| Error::io("stat", dir_path, e))?;
     let me = process::current();
     let mut out = Inspection {
         target: path::target_of(lp, &options.suffix),
@@ -218,7 +218,7 @@ fn read_lease_file(spelled: &path::Spelled) -> Result<Found> {
         // Unreadable by this user: the lock can still be judged.
         Err(Errno::ACCESS) => {
             let pfd = open_path(lp).map_err(|e| Error::io("open", lp, e))?;
-            let st = rustix::fs::fstat(&pfd).map_err(|e| Error::io("fstat", lp, e))?;
+            let st = crate::platform::stat::fstat(&pfd).map_err(|e| Error::io("fstat", lp, e))?;
             let lease_path = canonical(pfd.as_fd(), lp);
             return Ok(Found {
                 content: Content::Unreadable,
@@ -231,8 +231,8 @@ fn read_lease_file(spelled: &path::Spelled) -> Result<Found> {
         }
         Err(e) => return Err(Error::io("open", lp, e)),
     };
-    let st = rustix::fs::fstat(&fd).map_err(|e| Error::io("fstat", lp, e))?;
-    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+    let st = crate::platform::stat::fstat(&fd).map_err(|e| Error::io("fstat", lp, e))?;
+    if st.file_type() != FileType::RegularFile {
         return Err(Error::io(
             "open",
             lp,

@@ -12,7 +12,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use rustix::net::{sockopt, AddressFamily, SocketFlags, SocketType};
+use rustix::net::{sockopt, AddressFamily};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 use tokio_postgres::config::Host;
@@ -81,14 +81,7 @@ impl AsyncWrite for Listed {
 }
 
 fn listed_socket(family: AddressFamily) -> io::Result<Listed> {
-    let opened = registry::open_listed(|| {
-        Ok(rustix::net::socket_with(
-            family,
-            SocketType::STREAM,
-            SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
-            None,
-        )?)
-    })?;
+    let opened = registry::open_listed(|| crate::platform::sockopt::stream_socket(family))?;
     let (fd, slot) = opened.map_err(|e| io::Error::other(e.to_string()))?;
     Ok(Listed {
         stream: None,

@@ -224,3 +224,10 @@ pub struct FileStat {
     /// time).
     pub untouched: bool,
 }
+
+impl FileStat {
+    /// The file type, from `st_mode`.
+    pub fn file_type(&self) -> rustix::fs::FileType {
+        super::stat::file_type(self.st_mode)
+    }
+}

@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 mod cancel;
 mod common;
+pub mod stat;
 
 #[cfg(all(target_os = "linux", not(feature = "portable")))]
 mod linux;
@@ -86,7 +87,7 @@ pub(crate) fn note_unavailable(m: Missing) {
 }
 
 /// Note that `m` could be had again (the user's inotify limit has room).
-#[cfg_attr(feature = "portable", allow(dead_code))]
+#[cfg_attr(any(not(target_os = "linux"), feature = "portable"), allow(dead_code))]
 pub(crate) fn note_available(m: Missing) {
     MISSING.fetch_and(!m.bit(), Ordering::Relaxed);
 }

@@ -167,7 +167,7 @@ impl FilePending {
     /// Whether the path, as the caller spelled it, still names the locked
     /// file; when not, the claim is withdrawn.
     fn still_named(&self, of: &OpenFile, bytes: &[u8]) -> Result<bool> {
-        match rustix::fs::lstat(&self.spelled.lease) {
+        match crate::platform::stat::lstat(&self.spelled.lease) {
             Ok(st) if (st.st_dev, st.st_ino) == of.key && st.st_nlink > 0 => Ok(true),
             Ok(_) | Err(Errno::NOENT) | Err(Errno::NOTDIR) => {
                 back_out(of, bytes);
@@ -349,7 +349,7 @@ impl FilePending {
             }
         }
         let dir = path::parent_of(&of.canon);
-        let st = rustix::fs::stat(dir).map_err(|e| Error::io("stat", dir, e))?;
+        let st = crate::platform::stat::stat(dir).map_err(|e| Error::io("stat", dir, e))?;
         Ok((st.st_dev, st.st_ino))
     }
 

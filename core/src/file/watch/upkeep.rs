@@ -87,7 +87,7 @@ impl Watcher {
                 }
                 for path in s.paths() {
                     let dir_path = crate::path::parent_of(path);
-                    let Ok(st) = rustix::fs::stat(dir_path) else {
+                    let Ok(st) = crate::platform::stat::stat(dir_path) else {
                         continue; // gone: the lease's own check handles that
                     };
                     let r = self

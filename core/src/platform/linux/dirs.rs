@@ -143,8 +143,8 @@ impl Dirs {
         }
         let mut wds = Vec::new();
         for d in &paths {
-            let link = rustix::fs::lstat(d.as_path())
-                .is_ok_and(|st| rustix::fs::FileType::from_raw_mode(st.st_mode).is_symlink());
+            let link = crate::platform::stat::lstat(d.as_path())
+                .is_ok_and(|st| st.file_type().is_symlink());
             let mask = if link { LINK } else { CHAIN };
             match inotify::add_watch(inotify, d.as_path(), mask | WatchFlags::MASK_ADD) {
                 Ok(wd) => {
@@ -164,7 +164,7 @@ impl Dirs {
         // Watched from here on; did the path still lead to the same
         // directory once the watches were in place? If not, a change came
         // before them.
-        match rustix::fs::stat(dir_path) {
+        match crate::platform::stat::stat(dir_path) {
             Ok(st) if (st.st_dev, st.st_ino) == dir => {
                 self.chains.insert(dir_path.to_path_buf(), (dir, wds));
                 Ok(true)

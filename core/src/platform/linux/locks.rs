@@ -159,7 +159,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let f = std::fs::File::create(dir.path().join("x")).unwrap();
         rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).unwrap();
-        let st = rustix::fs::fstat(&f).unwrap();
+        let st = crate::platform::stat::fstat(&f).unwrap();
         let (ma, mi) = (rustix::fs::major(st.st_dev), rustix::fs::minor(st.st_dev));
         let locks = flock_locks_on(ma, mi).unwrap();
         let me = std::process::id();

@@ -580,7 +580,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("f");
         let f = std::fs::File::create(&p).unwrap();
-        let st = rustix::fs::fstat(&f).unwrap();
+        let st = crate::platform::stat::fstat(&f).unwrap();
         let id = (st.st_dev, st.st_ino);
         let (mut first, mut second) = (ChangeWatch::new(), ChangeWatch::new());
         assert!(first.arm(&p, id), "a new watch");
@@ -609,7 +609,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("f");
         let f = std::fs::File::create(&p).unwrap();
-        let st = rustix::fs::fstat(&f).unwrap();
+        let st = crate::platform::stat::fstat(&f).unwrap();
         let mut w = ChangeWatch::new();
         w.arm(&p, (st.st_dev, st.st_ino));
         let fd = w.fd().expect("inotify available");

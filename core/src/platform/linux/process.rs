@@ -21,7 +21,9 @@ pub(in crate::platform) fn read_identity(pid: u32) -> Identity {
         host: host_name(),
         boot_id: read_trimmed("/proc/sys/kernel/random/boot_id"),
         machine_id: read_trimmed("/etc/machine-id"),
-        pid_ns: rustix::fs::stat("/proc/self/ns/pid").ok().map(|s| s.st_ino),
+        pid_ns: crate::platform::stat::stat("/proc/self/ns/pid")
+            .ok()
+            .map(|s| s.st_ino),
         proc_start: start_time(pid),
         proc_is_ours: proc_self.as_deref() == Some(pid.to_string().as_bytes()),
         previous: None,
@@ -167,7 +169,7 @@ pub fn fds_on(pid: u32, inos: &[u64]) -> FdScan<Vec<Vec<OpenFd>>> {
     }
     let mut out = vec![Vec::new(); inos.len()];
     for fd in fds {
-        let Ok(st) = rustix::fs::stat(format!("/proc/{pid}/fd/{fd}")) else {
+        let Ok(st) = crate::platform::stat::stat(format!("/proc/{pid}/fd/{fd}")) else {
             continue;
         };
         for &i in wanted
@@ -200,7 +202,10 @@ pub fn holding_fd_of_file(pid: u32, (dev, ino): (u64, u64)) -> FdScan<u32> {
     })
 }
 
-fn find_fd(pid: u32, mut matches: impl FnMut(u32, &rustix::fs::Stat) -> bool) -> FdScan<u32> {
+fn find_fd(
+    pid: u32,
+    mut matches: impl FnMut(u32, &crate::platform::stat::Stat) -> bool,
+) -> FdScan<u32> {
     let fds = match fds_of(pid) {
         FdScan::Found(f) => f,
         FdScan::NotFound => return FdScan::NotFound,
@@ -208,7 +213,7 @@ fn find_fd(pid: u32, mut matches: impl FnMut(u32, &rustix::fs::Stat) -> bool) ->
         FdScan::Gone => return FdScan::Gone,
     };
     for fd in fds {
-        let Ok(st) = rustix::fs::stat(format!("/proc/{pid}/fd/{fd}")) else {
+        let Ok(st) = crate::platform::stat::stat(format!("/proc/{pid}/fd/{fd}")) else {
             continue;
         };
         if matches(fd, &st) {
@@ -272,8 +277,8 @@ pub fn read_through_fd(pid: u32, fd: u32, limit: usize) -> io::Result<Vec<u8>> {
         OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NONBLOCK | OFlags::NOCTTY,
         Mode::empty(),
     )?;
-    let st = rustix::fs::fstat(&f)?;
-    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
+    let st = crate::platform::stat::fstat(&f)?;
+    if st.file_type() != rustix::fs::FileType::RegularFile {
         return Ok(Vec::new());
     }
     read_at_most(f.as_fd(), st.st_size.max(0) as usize, limit)
@@ -282,7 +287,7 @@ pub fn read_through_fd(pid: u32, fd: u32, limit: usize) -> io::Result<Vec<u8>> {
 /// The PID namespace (the inode of `/proc/PID/ns/pid`) of a process this
 /// user may look at.
 pub fn pid_namespace(pid: u32) -> Option<u64> {
-    rustix::fs::stat(format!("/proc/{pid}/ns/pid"))
+    crate::platform::stat::stat(format!("/proc/{pid}/ns/pid"))
         .ok()
         .map(|s| s.st_ino)
 }
@@ -325,8 +330,8 @@ pub fn umask() -> Option<u32> {
 }
 
 /// What `stat` says of the file another process has open as `fd`.
-pub fn stat_fd(pid: u32, fd: u32) -> io::Result<rustix::fs::Stat> {
-    Ok(rustix::fs::stat(format!("/proc/{pid}/fd/{fd}"))?)
+pub fn stat_fd(pid: u32, fd: u32) -> io::Result<crate::platform::stat::Stat> {
+    Ok(crate::platform::stat::stat(format!("/proc/{pid}/fd/{fd}"))?)
 }
 
 /// This program, to start again as a helper: the running binary even if
@@ -401,7 +406,7 @@ mod tests {
         assert_eq!(own_lock(f.as_fd()).unwrap(), None);
         rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).unwrap();
         let k = own_lock(f.as_fd()).unwrap().expect("a lock line");
-        let st = rustix::fs::fstat(&f).unwrap();
+        let st = crate::platform::stat::fstat(&f).unwrap();
         assert_eq!(k.ino, st.st_ino);
         assert_eq!(kernel_device(f.as_fd()).unwrap(), (k.major, k.minor));
         assert_eq!(

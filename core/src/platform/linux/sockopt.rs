@@ -21,3 +21,15 @@ pub fn keepalive(
     sockopt::set_tcp_user_timeout(fd, user_timeout.as_millis() as u32)?;
     Ok(())
 }
+
+/// A stream socket that is close-on-exec and non-blocking from its first
+/// moment: no child started by another thread can inherit it.
+pub fn stream_socket(family: rustix::net::AddressFamily) -> std::io::Result<std::os::fd::OwnedFd> {
+    use rustix::net::{SocketFlags, SocketType};
+    Ok(rustix::net::socket_with(
+        family,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+        None,
+    )?)
+}

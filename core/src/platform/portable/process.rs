@@ -107,7 +107,7 @@ pub fn umask() -> Option<u32> {
     None
 }
 
-pub fn stat_fd(_pid: u32, _fd: u32) -> io::Result<rustix::fs::Stat> {
+pub fn stat_fd(_pid: u32, _fd: u32) -> io::Result<crate::platform::stat::Stat> {
     Err(unsupported("another process's descriptors"))
 }
 

@@ -14,3 +14,15 @@ pub fn keepalive(
 ) -> std::io::Result<()> {
     Ok(rustix::net::sockopt::set_socket_keepalive(fd, true)?)
 }
+
+/// A stream socket, then close-on-exec and non-blocking: POSIX has no
+/// `SOCK_CLOEXEC` (macOS lacks it), so a child another thread starts in
+/// between can inherit it; fork itself is held off by the caller.
+pub fn stream_socket(family: rustix::net::AddressFamily) -> std::io::Result<std::os::fd::OwnedFd> {
+    use rustix::fs::{fcntl_getfl, fcntl_setfl, OFlags};
+    use rustix::io::{fcntl_setfd, FdFlags};
+    let fd = rustix::net::socket(family, rustix::net::SocketType::STREAM, None)?;
+    fcntl_setfd(&fd, FdFlags::CLOEXEC)?;
+    fcntl_setfl(&fd, fcntl_getfl(&fd)? | OFlags::NONBLOCK)?;
+    Ok(fd)
+}
