@@ -80,10 +80,15 @@ fn write_decimal(out: &mut [u8], mut v: u32) -> usize {
     i
 }
 
-/// Start time of a process in clock ticks since boot (`/proc/PID/stat` field
-/// 22), or `None` when no such process is visible.
+/// Start time of a process in clock ticks since boot (field 22 of its main
+/// thread's `stat`, which is the process's), or `None` when no such process
+/// is visible. Read through `task/PID/`: an emulator such as qemu-user
+/// (Docker's way of running another architecture's images) makes up
+/// `/proc/self/stat` and `/proc/<its own PID>/stat` for the program it runs,
+/// with a start time of its own that can be a tick off the kernel's, which
+/// every other process reads.
 pub fn start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    let stat = std::fs::read(format!("/proc/{pid}/task/{pid}/stat")).ok()?;
     parse_start_time(&stat)
 }
 
