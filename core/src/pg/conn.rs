@@ -21,6 +21,23 @@ use crate::error::{Error, Result};
 use crate::platform::process;
 
 pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why a connection or a statement given `patience` ended unanswered: the
+/// server's silence, or, when the patience was what was left of the
+/// caller's timeout, that timeout (the server may have been about to
+/// answer: a slow handshake, an emulated CPU).
+pub(crate) fn unanswered(wait: crate::options::Wait, patience: Duration) -> String {
+    match wait {
+        crate::options::Wait::Timeout(d) if patience < CONNECT_TIMEOUT => format!(
+            "no answer from the server before the acquisition's {:.1}s timeout ran out",
+            d.as_secs_f64()
+        ),
+        _ => format!(
+            "the server did not answer within {:.1}s",
+            patience.as_secs_f64()
+        ),
+    }
+}
 pub(crate) struct Conn {
     pub client: Client,
     pub task: JoinHandle<std::result::Result<(), tokio_postgres::Error>>,

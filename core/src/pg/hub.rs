@@ -257,10 +257,7 @@ async fn run(first: Arc<Target>, tx: UnboundedSender<Cmd>, mut rx: UnboundedRece
             req.slot.finish(Err(io_error(
                 &first,
                 "connect",
-                format!(
-                    "the server did not answer within {:.1}s",
-                    req.patience().as_secs_f64()
-                ),
+                super::conn::unanswered(req.opts.wait, req.patience()),
             )));
             queued.into_iter().for_each(|q| q.alone());
             return drain(&server, &tx, rx);

@@ -325,10 +325,7 @@ impl Run {
                     Err(io_error(
                         &self.target,
                         "connect",
-                        format!(
-                            "the server did not answer within {:.1}s",
-                            patience.as_secs_f64()
-                        ),
+                        super::conn::unanswered(self.opts.wait, patience),
                     ))
                 });
             let conn = match opened {
@@ -465,10 +462,7 @@ impl Run {
                 return Step::Broken(io_error(
                     t,
                     "query",
-                    format!(
-                        "the server did not answer within {:.1}s",
-                        patience.as_secs_f64()
-                    ),
+                    super::conn::unanswered(self.opts.wait, patience),
                 ))
             }
         };
