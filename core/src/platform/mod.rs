@@ -16,6 +16,8 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 mod cancel;
 mod common;
+#[cfg(feature = "postgres")]
+pub mod roots;
 pub mod stat;
 
 #[cfg(all(target_os = "linux", not(feature = "portable")))]

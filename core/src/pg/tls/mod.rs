@@ -475,9 +475,8 @@ fn system_roots() -> std::result::Result<Arc<RootCertStore>, String> {
     static ROOTS: OnceLock<std::result::Result<Arc<RootCertStore>, String>> = OnceLock::new();
     ROOTS
         .get_or_init(|| {
-            let found = rustls_native_certs::load_native_certs();
             let mut store = RootCertStore::empty();
-            store.add_parsable_certificates(found.certs);
+            store.add_parsable_certificates(crate::platform::roots::system_roots());
             if store.is_empty() {
                 return Err(
                     "sslrootcert=system: no trusted root certificates found on this system \
