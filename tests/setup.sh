@@ -4,6 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CBINDGEN_VERSION=0.29.2
+# The linker of the wheel and of every target packaging/cross builds.
+ZIG_VERSION=0.14.1
+ZIGBUILD_VERSION=0.24.1
 
 have() { command -v "$1" >/dev/null 2>&1; }
 apt_install() {
@@ -20,6 +23,21 @@ have pkg-config || { echo "setup: installing pkg-config"; apt_install pkg-config
 have cc || { echo "setup: installing gcc"; apt_install gcc; }
 have make || { echo "setup: installing make"; apt_install make; }
 have ip || { echo "setup: installing iproute2 (network namespaces for the partition checks)"; apt_install iproute2; }
+
+# --cross: what packaging/cross builds other targets with and what runs
+# them here (docs/platforms.md): Debian's rustc-web 1.96, whose sysroot has
+# the standard library's sources (for -Zbuild-std); zig and cargo-zigbuild,
+# pinned, from PyPI, as the linker of every target; qemu-user and an arm64
+# glibc to run arm64 Linux programs; musl's loader and musl-gcc.
+cross=
+[ "${1:-}" = --cross ] && cross=1
+if [ -n "$cross" ]; then
+  have /usr/bin/cargo && [ -d /usr/lib/rustlib/src/rust/library ] \
+    || { echo "setup: installing rustc-web, cargo-web, rust-web-src"; apt_install rustc-web cargo-web rust-web-src; }
+  have qemu-aarch64-static || { echo "setup: installing qemu-user-static"; apt_install qemu-user-static; }
+  [ -e /usr/aarch64-linux-gnu/lib/ld-linux-aarch64.so.1 ] || { echo "setup: installing libc6-arm64-cross"; apt_install libc6-arm64-cross; }
+  have musl-gcc || { echo "setup: installing musl-tools"; apt_install musl musl-tools musl-dev; }
+fi
 
 # Python: a virtualenv with the build and test tools (FastAPI and uvicorn
 # are example/test dependencies only).
@@ -47,4 +65,11 @@ fi
 if [ ! -f examples/js-scheduler/node_modules/node-cron/package.json ]; then
   echo "setup: npm ci in examples/js-scheduler"
   (cd examples/js-scheduler && npm ci --no-audit --no-fund --loglevel=error)
+fi
+# zig links the manylinux wheel (packaging/build) and every other target
+# (packaging/cross); the same pinned zig for both.
+if ! .venv/bin/python -c "import importlib.metadata as m, sys; sys.exit(m.version('ziglang') != '$ZIG_VERSION')" 2>/dev/null \
+   || [ "$(.venv/bin/cargo-zigbuild --version 2>/dev/null)" != "cargo-zigbuild $ZIGBUILD_VERSION" ]; then
+  echo "setup: installing zig $ZIG_VERSION and cargo-zigbuild $ZIGBUILD_VERSION into .venv"
+  .venv/bin/pip install --quiet "ziglang==$ZIG_VERSION" "cargo-zigbuild==$ZIGBUILD_VERSION"
 fi

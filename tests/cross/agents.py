@@ -24,6 +24,13 @@ COMMANDS = {
     "bun": [str(BUN), str(ROOT / "tests/agents/agent.cjs")],
 }
 PLATFORM = "linux"
+# Why a scenario may not apply to a pair, said with the totals.
+NOT_APPLICABLE = "Node and Bun cannot exec or fork themselves"
+# Other targets' agents, and what runs them here.
+CROSS = {
+    "aarch64-linux-gnu": ["qemu-aarch64-static", "-L", "/usr/aarch64-linux-gnu"],
+    "x86_64-linux-musl": [],
+}
 
 
 def use_platform(name: str) -> None:
@@ -33,6 +40,22 @@ def use_platform(name: str) -> None:
     left to the Linux run."""
     global PLATFORM
     if name == "linux":
+        return
+    if name in CROSS:
+        # The Rust and C agents built for another target (tests/cross-targets
+        # builds them): arm64 under qemu-user, musl natively. qemu-user runs
+        # the program in its own process (the agent's PID is the one
+        # started) but cannot start another arm64 program: no exec.
+        PLATFORM = name
+        out = ROOT / "target/cross-agents" / name
+        RUNTIMES[:] = ["rust", "c"]
+        COMMANDS["rust"] = CROSS[name] + [str(out / "sidelease-agent")]
+        COMMANDS["c"] = CROSS[name] + [str(out / "c-agent")]
+        if CROSS[name]:
+            global NOT_APPLICABLE
+            NOT_APPLICABLE = "under qemu-user a program cannot exec another of its architecture"
+            for r in RUNTIMES:
+                CAPABILITIES[r] = CAPABILITIES[r] - {"exec"}
         return
     assert name == "portable", name
     PLATFORM = name

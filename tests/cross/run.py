@@ -326,7 +326,7 @@ def main() -> int:
     ap.add_argument("--checks-only", action="store_true", help="the stress and fault checks only")
     ap.add_argument("--check", help="only the stress/fault checks whose name contains this (or one of A,B,...)")
     ap.add_argument("--jobs", type=int, default=3, help="scenario runs on files side by side (default 3)")
-    ap.add_argument("--platform", choices=["linux", "portable"], default="linux",
+    ap.add_argument("--platform", choices=["linux", "portable", *agents.CROSS], default="linux",
                     help="the agents' platform (portable: tests/portable builds them)")
     args = ap.parse_args()
     agents.use_platform(args.platform)
@@ -402,7 +402,7 @@ def main() -> int:
               f"n/a {results.count('n/a'):>2}", flush=True)
     pool.shutdown()
     print(f"scenarios x pairs: {passed} passed, {failed} failed, {na} not applicable "
-          f"(Node and Bun cannot exec or fork themselves) in {time.monotonic() - start:.1f}s", flush=True)
+          f"({agents.NOT_APPLICABLE}) in {time.monotonic() - start:.1f}s", flush=True)
 
     if not args.no_faults and not args.only:
         for name, check in faults.CHECKS + defence.CHECKS + degraded.CHECKS + partition.CHECKS:
