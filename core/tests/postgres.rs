@@ -831,6 +831,30 @@ fn a_server_that_never_answers_is_an_error_not_a_hang() {
         assert!(said.split('|').any(|s| e.to_string().contains(s)), "{e}");
         assert!(!e.to_string().contains("app-secret"), "{e}");
     }
+    // A timeout longer than a connection may take: the connection's own
+    // limit ends the first attempt, and the error blames the caller's
+    // timeout only once that has run out.
+    let t = Instant::now();
+    let e = Lease::acquire(
+        &u,
+        &Options::new().wait(Wait::Timeout(Duration::from_secs(8))),
+    )
+    .unwrap_err();
+    let took = t.elapsed();
+    assert_eq!(e.kind(), ErrorKind::Io, "{e}");
+    assert!(took < Duration::from_secs(10), "{took:?}: {e}");
+    let blames_caller = e.to_string().contains("acquisition's 8.0s timeout ran out");
+    assert!(
+        blames_caller
+            || ["in time", "within 5.0s"]
+                .iter()
+                .any(|s| e.to_string().contains(s)),
+        "{e}"
+    );
+    assert!(
+        !blames_caller || took >= Duration::from_millis(7900),
+        "{took:?}: blamed the 8 s timeout before it ran out: {e}"
+    );
 }
 
 #[test]

@@ -29,13 +29,19 @@ pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub(crate) fn unanswered(wait: crate::options::Wait, patience: Duration) -> String {
     match wait {
         crate::options::Wait::Timeout(d) if patience < CONNECT_TIMEOUT => format!(
-            "no answer from the server before the acquisition's {:.1}s timeout ran out",
-            d.as_secs_f64()
+            "no answer from the server before the acquisition's {} timeout ran out",
+            seconds(d)
         ),
-        _ => format!(
-            "the server did not answer within {:.1}s",
-            patience.as_secs_f64()
-        ),
+        _ => format!("the server did not answer within {}", seconds(patience)),
+    }
+}
+
+// "0.3s", or milliseconds under a tenth of a second (never "0.0s").
+fn seconds(d: Duration) -> String {
+    if d < Duration::from_millis(100) {
+        format!("{}ms", d.as_millis())
+    } else {
+        format!("{:.1}s", d.as_secs_f64())
     }
 }
 pub(crate) struct Conn {

@@ -231,7 +231,9 @@ async fn run(first: Arc<Target>, tx: UnboundedSender<Cmd>, mut rx: UnboundedRece
     // Tries that come while the session opens wait for it, unless their
     // caller's time is shorter than the opening's: those go alone.
     let mut queued: Vec<Box<TryReq>> = Vec::new();
-    let opening = tokio::time::timeout(req.patience(), open(&first, Some(app_name())));
+    // Taken once: the error below names the time this opening was given.
+    let patience = req.patience();
+    let opening = tokio::time::timeout(patience, open(&first, Some(app_name())));
     tokio::pin!(opening);
     let opened = loop {
         tokio::select! {
@@ -257,7 +259,7 @@ async fn run(first: Arc<Target>, tx: UnboundedSender<Cmd>, mut rx: UnboundedRece
             req.slot.finish(Err(io_error(
                 &first,
                 "connect",
-                super::conn::unanswered(req.opts.wait, req.patience()),
+                super::conn::unanswered(req.opts.wait, patience),
             )));
             queued.into_iter().for_each(|q| q.alone());
             return drain(&server, &tx, rx);

@@ -24,5 +24,10 @@ pub fn stream_socket(family: rustix::net::AddressFamily) -> std::io::Result<std:
     let fd = rustix::net::socket(family, rustix::net::SocketType::STREAM, None)?;
     fcntl_setfd(&fd, FdFlags::CLOEXEC)?;
     fcntl_setfl(&fd, fcntl_getfl(&fd)? | OFlags::NONBLOCK)?;
+    // macOS has no MSG_NOSIGNAL: a write after the server reset the
+    // connection would raise SIGPIPE, which kills a C program that does not
+    // ignore it (Rust's own sockets set this too). Built, not run here.
+    #[cfg(target_vendor = "apple")]
+    rustix::net::sockopt::set_socket_nosigpipe(&fd, true)?;
     Ok(fd)
 }
