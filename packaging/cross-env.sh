@@ -22,6 +22,8 @@ cross_env() {
     *) echo "cross_env: unknown target $t" >&2; return 2 ;;
   esac
   var=CARGO_TARGET_$(echo "$triple" | tr 'a-z-' 'A-Z_')_RUSTFLAGS
+  # Left from a macOS target before it, it would only rebuild C code.
+  unset MACOSX_DEPLOYMENT_TARGET
   case "$t" in
     # build-std brings no self-contained crt objects: zig's are used. A
     # shared library cannot carry the static C runtime (cargo refuses a

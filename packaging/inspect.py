@@ -3,14 +3,15 @@
     python packaging/inspect.py FILE [--expect-arch A] [--expect-exports HEADER]
                                     [--expect-install-name NAME] [--max-minos X.Y]
                                     [--allow-dylib PREFIX]... [--expect-interpreter PATH]
-                                    [--static] [--json]
+                                    [--expect-soname NAME] [--max-glibc X.Y] [--static] [--json]
 
 Mach-O (macOS: a `.dylib`, a `.node` addon, an executable) and ELF (Linux)
 are read by their load commands and program headers. For a Mach-O file it
 reports the architecture, the install name (LC_ID_DYLIB), the minimum macOS
 version (LC_BUILD_VERSION or LC_VERSION_MIN_MACOSX), the libraries it loads
 and the symbols it exports; for an ELF file the machine, the interpreter,
-the NEEDED libraries and the SONAME. Each --expect-* option turns a fact
+the NEEDED libraries, the SONAME and the newest glibc symbol version
+it needs. Each --expect-* option turns a fact
 into a check: the first that fails ends with a message naming the file and
 what was found, exit 1. macOS cannot run here, so these checks are what
 the macOS artifacts get (docs/platforms.md).
@@ -35,9 +36,12 @@ LC_LOAD_DYLIB = 0xC
 LC_ID_DYLIB = 0xD
 LC_LOAD_WEAK_DYLIB = 0x18 | LC_REQ_DYLD
 LC_REEXPORT_DYLIB = 0x1F | LC_REQ_DYLD
+LC_LAZY_LOAD_DYLIB = 0x20
+LC_LOAD_UPWARD_DYLIB = 0x23 | LC_REQ_DYLD
+PLATFORM_MACOS = 1
 LC_VERSION_MIN_MACOSX = 0x24
 LC_BUILD_VERSION = 0x32
-N_EXT, N_TYPE, N_SECT = 0x01, 0x0E, 0x0E
+N_EXT, N_TYPE, N_SECT, N_PEXT, N_STAB = 0x01, 0x0E, 0x0E, 0x10, 0xE0
 
 
 def _version(v: int) -> str:
@@ -58,6 +62,7 @@ def macho(data: bytes) -> Dict[str, Any]:
         "arch": MACHO_ARCH.get(cputype & 0xFFFFFFFF, hex(cputype)),
         "filetype": {1: "object", 2: "executable", 6: "dylib", 8: "bundle"}.get(filetype, filetype),
         "install_name": None,
+        "platform": None,
         "minos": None,
         "dylibs": [],
         "exports": [],
@@ -68,20 +73,25 @@ def macho(data: bytes) -> Dict[str, Any]:
         if cmd == LC_ID_DYLIB:
             (name,) = struct.unpack_from("<I", data, at + 8)
             out["install_name"] = _cstr(data, at + name)
-        elif cmd in (LC_LOAD_DYLIB, LC_LOAD_WEAK_DYLIB, LC_REEXPORT_DYLIB):
+        elif cmd in (LC_LOAD_DYLIB, LC_LOAD_WEAK_DYLIB, LC_REEXPORT_DYLIB, LC_LAZY_LOAD_DYLIB,
+                     LC_LOAD_UPWARD_DYLIB):
             (name,) = struct.unpack_from("<I", data, at + 8)
             out["dylibs"].append(_cstr(data, at + name))
         elif cmd == LC_BUILD_VERSION:
-            _platform, minos = struct.unpack_from("<II", data, at + 8)
+            platform, minos = struct.unpack_from("<II", data, at + 8)
             out["minos"] = _version(minos)
+            out["platform"] = "macos" if platform == PLATFORM_MACOS else platform
         elif cmd == LC_VERSION_MIN_MACOSX:
             (minos,) = struct.unpack_from("<I", data, at + 8)
             out["minos"] = _version(minos)
+            out["platform"] = "macos"
         elif cmd == LC_SYMTAB:
             symoff, nsyms, stroff, _strsize = struct.unpack_from("<IIII", data, at + 8)
             for i in range(nsyms):
                 strx, ntype, _sect, _desc, _value = struct.unpack_from("<IBBhQ", data, symoff + 16 * i)
-                if ntype & N_EXT and ntype & N_TYPE == N_SECT:
+                # Exported: external, not private-extern, defined in a
+                # section, not a debugging entry.
+                if ntype & N_STAB == 0 and ntype & N_EXT and not ntype & N_PEXT and ntype & N_TYPE == N_SECT:
                     out["exports"].append(_cstr(data, stroff + strx).removeprefix("_"))
         at += size
     return out
@@ -100,6 +110,7 @@ def elf(data: bytes) -> Dict[str, Any]:
         "interpreter": None,
         "needed": [],
         "soname": None,
+        "glibc": None,
         "static": True,
     }
     loads = []
@@ -123,11 +134,31 @@ def elf(data: bytes) -> Dict[str, Any]:
         entries.append((tag, val))
     strtab = next(v for t, v in entries if t == 5)  # DT_STRTAB, an address
     stroff = next(o + strtab - va for va, o, sz in loads if va <= strtab < va + sz)
+    def offset_of(addr: int) -> int:
+        return next(o + addr - va for va, o, sz in loads if va <= addr < va + sz)
+
     for tag, val in entries:
         if tag == 1:  # DT_NEEDED
             out["needed"].append(_cstr(data, stroff + val))
         elif tag == 14:  # DT_SONAME
             out["soname"] = _cstr(data, stroff + val)
+    # The newest GLIBC_x.y symbol version it needs (DT_VERNEED entries).
+    verneed = dict(entries).get(0x6FFFFFFE)
+    count = dict(entries).get(0x6FFFFFFF, 0)
+    newest = None
+    at = offset_of(verneed) if verneed else 0
+    for _ in range(count):
+        _ver, cnt, _file, aux, nxt = struct.unpack_from("<HHIII", data, at)
+        a = at + aux
+        for _ in range(cnt):
+            _hash, _flags, _other, name, anext = struct.unpack_from("<IHHII", data, a)
+            m = re.fullmatch(r"GLIBC_(\d+)\.(\d+)(?:\.(\d+))?", _cstr(data, stroff + name))
+            if m:
+                v = tuple(int(x) for x in m.groups() if x is not None)
+                newest = max(newest or v, v)
+            a += anext
+        at += nxt
+    out["glibc"] = ".".join(map(str, newest)) if newest else None
     out["static"] = not out["needed"] and out["interpreter"] is None
     return out
 
@@ -157,6 +188,8 @@ def main() -> int:
     ap.add_argument("--allow-dylib", action="append", default=[], metavar="PREFIX",
                     help="a library it may load (prefix); any other fails")
     ap.add_argument("--expect-interpreter", help="ELF: the program loader it names")
+    ap.add_argument("--expect-soname", help="ELF: the name a shared library gives itself")
+    ap.add_argument("--max-glibc", help="ELF: the newest glibc symbol version it may need, e.g. 2.17")
     ap.add_argument("--static", action="store_true", help="ELF: no loader, no shared library")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
@@ -183,6 +216,15 @@ def main() -> int:
             problems.append(f"loads {', '.join(other)}, outside {', '.join(a.allow_dylib)}")
     if a.expect_interpreter and facts.get("interpreter") != a.expect_interpreter:
         problems.append(f"program loader is {facts.get('interpreter')!r}, not {a.expect_interpreter!r}")
+    if a.expect_soname and facts.get("soname") != a.expect_soname:
+        problems.append(f"SONAME is {facts.get('soname')!r}, not {a.expect_soname!r}")
+    if a.max_glibc:
+        want = tuple(int(x) for x in a.max_glibc.split("."))
+        got = facts.get("glibc")
+        if facts.get("format") != "elf" or (got and tuple(int(x) for x in got.split(".")) > want):
+            problems.append(f"needs glibc {got}, newer than {a.max_glibc}")
+    if facts.get("format") == "mach-o" and a.max_minos and facts.get("platform") != "macos":
+        problems.append(f"built for platform {facts.get('platform')}, not macOS")
     if a.static and not facts.get("static"):
         problems.append(f"not static: loader {facts.get('interpreter')!r}, needs {facts.get('needed')}")
     if a.expect_exports:

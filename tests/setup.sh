@@ -32,7 +32,8 @@ have ip || { echo "setup: installing iproute2 (network namespaces for the partit
 cross=
 [ "${1:-}" = --cross ] && cross=1
 if [ -n "$cross" ]; then
-  have /usr/bin/cargo && [ -d /usr/lib/rustlib/src/rust/library ] \
+  # Debian's plain rustc is older and has no library sources: rustc-web's.
+  /usr/bin/rustc --version 2>/dev/null | grep -q '^rustc 1\.9[6-9]' && [ -d /usr/lib/rustlib/src/rust/library ] \
     || { echo "setup: installing rustc-web, cargo-web, rust-web-src"; apt_install rustc-web cargo-web rust-web-src; }
   have qemu-aarch64-static || { echo "setup: installing qemu-user-static"; apt_install qemu-user-static; }
   [ -e /usr/aarch64-linux-gnu/lib/ld-linux-aarch64.so.1 ] || { echo "setup: installing libc6-arm64-cross"; apt_install libc6-arm64-cross; }
