@@ -178,6 +178,13 @@ def declared(header: Path) -> List[str]:
     return sorted(set(re.findall(r"\b(sidelease_[a-z0-9_]+)\s*\(", text)))
 
 
+def newer(version: Any, limit: str) -> bool:
+    """Whether dotted `version` is later than `limit`; unknown counts as later."""
+    if version is None:
+        return True
+    return tuple(int(x) for x in version.split(".")) > tuple(int(x) for x in limit.split("."))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("file", type=Path)
@@ -204,11 +211,8 @@ def main() -> int:
         problems.append(f"architecture is {facts['arch']}, not {a.expect_arch}")
     if a.expect_install_name and facts.get("install_name") != a.expect_install_name:
         problems.append(f"install name is {facts.get('install_name')!r}, not {a.expect_install_name!r}")
-    if a.max_minos:
-        want = tuple(int(x) for x in a.max_minos.split("."))
-        got = facts.get("minos")
-        if got is None or tuple(int(x) for x in got.split(".")) > want:
-            problems.append(f"minimum macOS is {got}, newer than {a.max_minos}")
+    if a.max_minos and newer(facts.get("minos"), a.max_minos):
+        problems.append(f"minimum macOS is {facts.get('minos')}, newer than {a.max_minos}")
     if a.allow_dylib:
         libs = facts.get("dylibs", facts.get("needed", []))
         other = [lib for lib in libs if not any(lib.startswith(p) for p in a.allow_dylib)]
@@ -218,11 +222,9 @@ def main() -> int:
         problems.append(f"program loader is {facts.get('interpreter')!r}, not {a.expect_interpreter!r}")
     if a.expect_soname and facts.get("soname") != a.expect_soname:
         problems.append(f"SONAME is {facts.get('soname')!r}, not {a.expect_soname!r}")
-    if a.max_glibc:
-        want = tuple(int(x) for x in a.max_glibc.split("."))
-        got = facts.get("glibc")
-        if facts.get("format") != "elf" or (got and tuple(int(x) for x in got.split(".")) > want):
-            problems.append(f"needs glibc {got}, newer than {a.max_glibc}")
+    # No glibc symbol version at all (a static or musl program) needs none.
+    if a.max_glibc and (facts.get("format") != "elf" or (facts.get("glibc") and newer(facts["glibc"], a.max_glibc))):
+        problems.append(f"needs glibc {facts.get('glibc')}, newer than {a.max_glibc}")
     if facts.get("format") == "mach-o" and a.max_minos and facts.get("platform") != "macos":
         problems.append(f"built for platform {facts.get('platform')}, not macOS")
     if a.static and not facts.get("static"):

@@ -91,16 +91,17 @@ mod tests {
 
     #[test]
     fn stat_of_a_file_matches_its_descriptor() {
-        let dir = std::env::temp_dir();
-        let path = dir.join(format!("sidelease-stat-{}", std::process::id()));
+        // A scratch file in a directory the test owns, gone with it.
+        let scratch = tempfile::tempdir().unwrap();
+        let dir = scratch.path();
+        let path = dir.join("f");
         let f = std::fs::File::create(&path).unwrap();
         let by_fd = fstat(&f).unwrap();
         let by_path = stat(&path).unwrap();
-        let _ = std::fs::remove_file(&path);
         assert_eq!(by_fd, by_path);
         assert_eq!(by_fd.file_type(), FileType::RegularFile);
         assert_eq!(by_fd.st_nlink, 1);
-        assert_eq!(lstat(&dir).unwrap().file_type(), FileType::Directory);
+        assert_eq!(lstat(dir).unwrap().file_type(), FileType::Directory);
     }
 
     #[test]
