@@ -7,10 +7,12 @@
 const native = loadAddon();
 
 // The addon: built here from source, or else from the platform package
-// (@sidelease/linux-x64-gnu), an optional dependency npm installs only on
-// the platform it fits.
+// (@sidelease/linux-x64-gnu, @sidelease/darwin-arm64, ...), an optional
+// dependency npm installs only on the platform it fits; the names are
+// napi-rs's (packaging/npm-stage.mjs lists them).
 function loadAddon() {
-  const platform = `${process.platform}-${process.arch}-${libc()}`;
+  const built = ['linux-x64-gnu', 'linux-arm64-gnu', 'linux-x64-musl', 'linux-arm64-musl', 'darwin-arm64', 'darwin-x64'];
+  const platform = platformName();
   const local = require('node:path').join(__dirname, `sidelease.${platform}.node`);
   if (require('node:fs').existsSync(local)) return require(local);
   const pkg = `@sidelease/${platform}`;
@@ -18,7 +20,6 @@ function loadAddon() {
     return require(pkg);
   } catch (err) {
     if (err.code !== 'MODULE_NOT_FOUND' || !String(err.message).includes(pkg)) throw err;
-    const built = ['linux-x64-gnu'];
     const hint = built.includes(platform)
       ? `npm installs it with sidelease as an optional dependency: install again without --omit=optional or --no-optional`
       : `sidelease is built for ${built.join(', ')} only`;
@@ -28,13 +29,28 @@ function loadAddon() {
   }
 }
 
-function libc() {
-  if (process.platform !== 'linux') return 'unknown';
+function platformName() {
+  const { platform, arch } = process;
+  return platform === 'linux' ? `linux-${arch}-${isMusl() ? 'musl' : 'gnu'}` : `${platform}-${arch}`;
+}
+
+// Which C library this Linux runs, as napi-rs's loaders tell: an addon built
+// for the other one does not load.
+function isMusl() {
   // ldd is a script naming its libc (cheaper than process.report).
   try {
-    return require('node:fs').readFileSync('/usr/bin/ldd', 'latin1').includes('musl') ? 'musl' : 'gnu';
+    return require('node:fs').readFileSync('/usr/bin/ldd', 'latin1').includes('musl');
   } catch {
-    return 'gnu';
+    // No ldd (a distroless or scratch image): the runtime's own report says
+    // which C library it was loaded with.
+  }
+  try {
+    const report = process.report.getReport();
+    if (report.header && report.header.glibcVersionRuntime) return false;
+    const objects = Array.isArray(report.sharedObjects) ? report.sharedObjects : [];
+    return objects.some((f) => f.includes('libc.musl-') || f.includes('ld-musl-'));
+  } catch {
+    return false;
   }
 }
 

@@ -8,7 +8,7 @@ import { pathToFileURL } from 'node:url';
 import { createRequire } from 'node:module';
 
 import * as sidelease from '../index.mjs';
-import { Holder, here, tmpdir, isBun, withTimeout, STEP } from './helpers.mjs';
+import { Holder, here, self, tmpdir, isBun, withTimeout, STEP } from './helpers.mjs';
 
 const require = createRequire(import.meta.url);
 
@@ -245,7 +245,7 @@ describe('errors', () => {
 
 // 200,000 cycles take several seconds here: past bun test's 5 s default.
 test('release() frees the native state: 200,000 cycles in a tight loop keep memory flat', { timeout: 120_000 }, () => {
-  const out = execFileSync(process.execPath, [path.join(here, 'fixtures', 'memory.cjs'), tmpdir(), '200000'], {
+  const out = execFileSync(...self([path.join(here, 'fixtures', 'memory.cjs'), tmpdir(), '200000']), {
     encoding: 'utf8',
     timeout: 120_000,
   });

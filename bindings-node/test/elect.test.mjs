@@ -12,7 +12,7 @@ import path from 'node:path';
 import { Worker } from 'node:worker_threads';
 
 import * as sidelease from '../index.mjs';
-import { Holder, here, tmpdir, withTimeout, STEP, pgUrl, terminateHolder } from './helpers.mjs';
+import { Holder, here, self, tmpdir, withTimeout, STEP, pgUrl, terminateHolder } from './helpers.mjs';
 
 // Process starts under a loaded run take seconds: past bun test's 5 s default.
 const SLOW = { timeout: 60_000 };
@@ -30,7 +30,7 @@ class Campaign {
   }
 
   spawn() {
-    const p = spawn(process.execPath, [path.join(here, 'fixtures', 'campaigner.cjs'), this.form, this.target, this.detector, this.log], {
+    const p = spawn(...self([path.join(here, 'fixtures', 'campaigner.cjs'), this.form, this.target, this.detector, this.log]), {
       stdio: ['ignore', 'inherit', 'inherit'],
     });
     this.procs.set(p.pid, p);

@@ -44,10 +44,19 @@ export function withTimeout(promise, ms, what) {
   ]).finally(() => clearTimeout(timer));
 }
 
+// [command, args] that run this runtime (Node or Bun) on ARGS. Under an
+// emulator (tests/cross-targets runs Bun's arm64 build under
+// qemu-aarch64-static, where nothing makes the kernel run an arm64 program
+// by itself) SIDELEASE_TEST_EMULATOR names it, and children go through it.
+export function self(args) {
+  const emulator = (process.env.SIDELEASE_TEST_EMULATOR || '').split(' ').filter(Boolean);
+  return emulator.length ? [emulator[0], [...emulator.slice(1), process.execPath, ...args]] : [process.execPath, args];
+}
+
 export class Holder {
   static async start(target) {
     const h = new Holder();
-    h.proc = spawn(process.execPath, [path.join(here, 'fixtures', 'holder.cjs'), target], {
+    h.proc = spawn(...self([path.join(here, 'fixtures', 'holder.cjs'), target]), {
       stdio: ['pipe', 'pipe', 'inherit'],
     });
     h.lines = [];

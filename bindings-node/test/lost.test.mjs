@@ -9,7 +9,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { createRequire } from 'node:module';
 
-import { Holder, STEP, tmpdir, withTimeout } from './helpers.mjs';
+import { Holder, STEP, self, tmpdir, withTimeout } from './helpers.mjs';
 
 const require = createRequire(import.meta.url);
 const sidelease = require('../index.js');
@@ -88,7 +88,7 @@ lease.signal.addEventListener('abort', () => {});
 lease.onLost(() => {});
 globalThis.keep = lease;
 console.log('held');`;
-  const child = spawn(process.execPath, ['-e', code], { stdio: ['ignore', 'pipe', 'inherit'] });
+  const child = spawn(...self(['-e', code]), { stdio: ['ignore', 'pipe', 'inherit'] });
   let out = '';
   child.stdout.on('data', (c) => { out += c; });
   const exit = await withTimeout(new Promise((r) => child.once('exit', (c, sig) => r({ c, sig }))), STEP,
