@@ -3,7 +3,9 @@
     python packaging/inspect.py FILE [--expect-arch A] [--expect-exports HEADER]
                                     [--expect-install-name NAME] [--max-minos X.Y]
                                     [--allow-dylib PREFIX]... [--expect-interpreter PATH]
-                                    [--expect-soname NAME] [--max-glibc X.Y] [--static] [--json]
+                                    [--expect-soname NAME] [--max-glibc X.Y] [--static]
+                                    [--expect-symbol NAME]... [--expect-tags TAG,...]
+                                    [--expect-npm FIELD=VALUE,...] [--no-glibc] [--json]
 
 Mach-O (macOS: a `.dylib`, a `.node` addon, an executable) and ELF (Linux)
 are read by their load commands and program headers. For a Mach-O file it
@@ -15,6 +17,11 @@ it needs. Each --expect-* option turns a fact
 into a check: the first that fails ends with a message naming the file and
 what was found, exit 1. macOS cannot run here, so these checks are what
 the macOS artifacts get (docs/platforms.md).
+
+FILE may also be a package: a wheel (its tags, from the WHEEL file, and
+the extension module in it) or an npm package tarball (its package.json's
+os, cpu and libc fields, and the addon in it); the binary checks then apply
+to the one binary inside.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ import json
 import re
 import struct
 import sys
+import tarfile
+import zipfile
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -165,11 +174,49 @@ def elf(data: bytes) -> Dict[str, Any]:
 
 def inspect(path: Path) -> Dict[str, Any]:
     data = path.read_bytes()
+    if data[:4] == b"PK\x03\x04" or data[:2] == b"\x1f\x8b":
+        return package(path)
+    return inspect_bytes(data)
+
+
+def inspect_bytes(data: bytes) -> Dict[str, Any]:
     if data[:4] == b"\x7fELF":
         return elf(data)
     if data[:4] == b"\xcf\xfa\xed\xfe":
         return macho(data)
     raise ValueError("neither ELF nor Mach-O")
+
+
+def package(path: Path) -> Dict[str, Any]:
+    """A wheel or an npm tarball: what it declares, and its one binary's facts."""
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as z:
+            names = z.namelist()
+            wheel = [n for n in names if n.endswith(".dist-info/WHEEL")]
+            binaries = [n for n in names if n.endswith((".so", ".dylib"))]
+            if len(wheel) != 1 or len(binaries) != 1:
+                raise ValueError(f"not a wheel with one extension module: {names}")
+            tags = [line.split(":", 1)[1].strip() for line in z.read(wheel[0]).decode().splitlines()
+                    if line.startswith("Tag:")]
+            facts = inspect_bytes(z.read(binaries[0]))
+            facts.update(package="wheel", binary=binaries[0], tags=tags)
+            return facts
+    with tarfile.open(path, "r:gz") as t:
+        members = {m.name: m for m in t.getmembers() if m.isfile()}
+        binaries = [n for n in members if n.endswith(".node")]
+        if "package/package.json" not in members or len(binaries) != 1:
+            raise ValueError(f"not an npm package with one addon: {sorted(members)}")
+
+        def read(name: str) -> bytes:
+            f = t.extractfile(members[name])
+            assert f is not None
+            return f.read()
+
+        manifest = json.loads(read("package/package.json"))
+        facts = inspect_bytes(read(binaries[0]))
+        facts.update(package="npm", binary=binaries[0], name=manifest.get("name"),
+                     npm={k: manifest.get(k) for k in ("os", "cpu", "libc")})
+        return facts
 
 
 def declared(header: Path) -> List[str]:
@@ -198,11 +245,18 @@ def main() -> int:
     ap.add_argument("--expect-soname", help="ELF: the name a shared library gives itself")
     ap.add_argument("--max-glibc", help="ELF: the newest glibc symbol version it may need, e.g. 2.17")
     ap.add_argument("--static", action="store_true", help="ELF: no loader, no shared library")
+    ap.add_argument("--no-glibc", action="store_true",
+                    help="ELF: needs no glibc symbol version (a musl library)")
+    ap.add_argument("--expect-symbol", action="append", default=[], metavar="NAME",
+                    help="Mach-O: a symbol it must export (an addon's entry point)")
+    ap.add_argument("--expect-tags", metavar="TAG,...", help="wheel: exactly these tags")
+    ap.add_argument("--expect-npm", metavar="FIELD=VALUE,...",
+                    help="npm package: os, cpu, libc (none: no such field)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     try:
         facts = inspect(a.file)
-    except (OSError, ValueError, struct.error) as e:
+    except (OSError, ValueError, struct.error, KeyError, tarfile.TarError, zipfile.BadZipFile) as e:
         print(f"{a.file}: cannot be read as a binary: {e}", file=sys.stderr)
         return 1
 
@@ -225,6 +279,8 @@ def main() -> int:
     # No glibc symbol version at all (a static or musl program) needs none.
     if a.max_glibc and (facts.get("format") != "elf" or (facts.get("glibc") and newer(facts["glibc"], a.max_glibc))):
         problems.append(f"needs glibc {facts.get('glibc')}, newer than {a.max_glibc}")
+    if a.no_glibc and (facts.get("format") != "elf" or facts.get("glibc")):
+        problems.append(f"needs glibc {facts.get('glibc')}")
     if facts.get("format") == "mach-o" and a.max_minos and facts.get("platform") != "macos":
         problems.append(f"built for platform {facts.get('platform')}, not macOS")
     if a.static and not facts.get("static"):
@@ -236,6 +292,21 @@ def main() -> int:
             problems.append("exports nothing that can be read (only Mach-O symbol tables are)")
         elif missing:
             problems.append(f"does not export {', '.join(missing)} (declared in {a.expect_exports})")
+
+    for name in a.expect_symbol:
+        if name not in set(facts.get("exports", [])):
+            problems.append(f"does not export {name}")
+    if a.expect_tags is not None:
+        want = sorted(a.expect_tags.split(","))
+        if sorted(facts.get("tags", [])) != want:
+            problems.append(f"wheel tags are {facts.get('tags')}, not {want}")
+    if a.expect_npm is not None:
+        for pair in a.expect_npm.split(","):
+            field, _, value = pair.partition("=")
+            want_field = None if value == "none" else [value]
+            got = facts.get("npm", {}).get(field)
+            if got != want_field:
+                problems.append(f"package.json's {field} is {got!r}, not {want_field!r}")
 
     if a.json:
         shown = dict(facts)

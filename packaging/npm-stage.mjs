@@ -1,9 +1,12 @@
-// Lays out the two npm packages for `npm pack` (run by packaging/build):
+// Lays out npm packages for `npm pack` (packaging/build, packaging/cross):
 //   DEST/sidelease        the main package: JS, types, no binary; it loads
 //                         the addon from the platform package, an optional
-//                         dependency that npm installs only where it fits
-//   DEST/linux-x64-gnu    @sidelease/linux-x64-gnu: the addon (from ADDONS) alone, with
-//                         the os, cpu and libc fields npm matches on
+//                         dependency that npm installs only where it fits.
+//                         It names every platform package of a release.
+//   DEST/PLATFORM         @sidelease/PLATFORM (linux-x64-gnu, darwin-arm64,
+//                         ...): one addon, sidelease.PLATFORM.node, alone,
+//                         with the os, cpu and (on Linux) libc fields npm
+//                         matches on; one per addon found in ADDONS
 import fs from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -14,7 +17,23 @@ const node = path.join(root, 'bindings-node');
 const main = JSON.parse(fs.readFileSync(path.join(node, 'package.json'), 'utf8'));
 if (main.version !== version) throw new Error(`bindings-node/package.json says ${main.version}, Cargo.toml ${version}`);
 
-const PLATFORMS = [{ dir: 'linux-x64-gnu', os: 'linux', cpu: 'x64', libc: 'glibc' }];
+// The release's platforms, as napi-rs names them; bindings-node/index.js
+// picks one the same way.
+const PLATFORMS = [
+  { dir: 'linux-x64-gnu', os: 'linux', cpu: 'x64', libc: 'glibc' },
+  { dir: 'linux-arm64-gnu', os: 'linux', cpu: 'arm64', libc: 'glibc' },
+  { dir: 'linux-x64-musl', os: 'linux', cpu: 'x64', libc: 'musl' },
+  { dir: 'linux-arm64-musl', os: 'linux', cpu: 'arm64', libc: 'musl' },
+  // No libc field: npm refuses to install a package that has one on a
+  // system without glibc or musl.
+  { dir: 'darwin-arm64', os: 'darwin', cpu: 'arm64' },
+  { dir: 'darwin-x64', os: 'darwin', cpu: 'x64' },
+];
+const found = fs.readdirSync(addons).filter((f) => /^sidelease\..*\.node$/.test(f));
+for (const f of found) {
+  if (!PLATFORMS.some((p) => f === `sidelease.${p.dir}.node`)) throw new Error(`${path.join(addons, f)}: not a platform of the release`);
+}
+if (found.length === 0) throw new Error(`${addons}: no sidelease.PLATFORM.node in it`);
 const licenses = ['LICENSE-MIT', 'LICENSE-APACHE'];
 
 function copy(from, toDir, name = path.basename(from)) {
@@ -28,29 +47,30 @@ function write(dir, pkg) {
 fs.rmSync(dest, { recursive: true, force: true });
 const optional = {};
 for (const p of PLATFORMS) {
+  const name = `@sidelease/${p.dir}`;
+  optional[name] = version;
+  const binary = `sidelease.${p.dir}.node`;
+  if (!found.includes(binary)) continue;
   const dir = path.join(dest, p.dir);
   fs.mkdirSync(dir, { recursive: true });
-  const binary = `sidelease.${p.dir}.node`;
   copy(path.join(addons, binary), dir);
   for (const l of licenses) copy(path.join(root, l), dir);
   fs.writeFileSync(
     path.join(dir, 'README.md'),
-    `# @sidelease/${p.dir}\n\nThe native addon of [sidelease](https://www.npmjs.com/package/sidelease) for ${p.os} ${p.cpu} (${p.libc}).\nInstall \`sidelease\`, not this package: it is an optional dependency of it.\n`,
+    `# @sidelease/${p.dir}\n\nThe native addon of [sidelease](https://www.npmjs.com/package/sidelease) for ${p.os} ${p.cpu}${p.libc ? ` (${p.libc})` : ''}.\nInstall \`sidelease\`, not this package: it is an optional dependency of it.\n`,
   );
-  const name = `@sidelease/${p.dir}`;
   write(dir, {
     name,
     version,
-    description: `The native addon of sidelease for ${p.os}-${p.cpu} (${p.libc})`,
+    description: `The native addon of sidelease for ${p.os}-${p.cpu}${p.libc ? ` (${p.libc})` : ''}`,
     license: main.license,
     main: binary,
     files: [binary, ...licenses, 'README.md'],
     os: [p.os],
     cpu: [p.cpu],
-    libc: [p.libc],
+    ...(p.libc ? { libc: [p.libc] } : {}),
     engines: main.engines,
   });
-  optional[name] = version;
 }
 
 const dir = path.join(dest, 'sidelease');
