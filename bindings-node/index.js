@@ -37,18 +37,34 @@ function platformName() {
 // Which C library this Linux runs, as napi-rs's loaders tell: an addon built
 // for the other one does not load.
 function isMusl() {
+  const fs = require('node:fs');
   // ldd is a script naming its libc (cheaper than process.report).
   try {
-    return require('node:fs').readFileSync('/usr/bin/ldd', 'latin1').includes('musl');
+    return fs.readFileSync('/usr/bin/ldd', 'latin1').includes('musl');
   } catch {
-    // No ldd (a distroless or scratch image): the runtime's own report says
-    // which C library it was loaded with.
+    // No ldd (a distroless or scratch image).
   }
+  // Node's report names the glibc it runs on, or lists musl's loader.
   try {
+    process.report.excludeNetwork = true;
     const report = process.report.getReport();
     if (report.header && report.header.glibcVersionRuntime) return false;
     const objects = Array.isArray(report.sharedObjects) ? report.sharedObjects : [];
-    return objects.some((f) => f.includes('libc.musl-') || f.includes('ld-musl-'));
+    if (objects.some((f) => f.includes('libc.musl-') || f.includes('ld-musl-'))) return true;
+  } catch {
+    // No report (it is Node's).
+  }
+  // Bun's report says neither: the runtime's own program loader does, in
+  // the ELF header's first page.
+  try {
+    const fd = fs.openSync(process.execPath, 'r');
+    try {
+      const head = Buffer.alloc(4096);
+      const n = fs.readSync(fd, head, 0, head.length, 0);
+      return head.subarray(0, n).includes('/ld-musl-');
+    } finally {
+      fs.closeSync(fd);
+    }
   } catch {
     return false;
   }

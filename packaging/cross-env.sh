@@ -10,7 +10,7 @@ export RUSTC_BOOTSTRAP=1 CARGO_UNSTABLE_BUILD_STD=std,panic_abort CARGO_TARGET_D
 unset RUSTFLAGS
 # A cargo that only prints its environment, for zig_env below (for a macOS
 # target cargo-zigbuild reads the workspace's metadata first: the real one).
-printf '#!/bin/sh\n[ "$1" = metadata ] && exec %s/target/cross-bin/cargo "$@"\nexec env -0\n' "$root" > "$root/target/cross-bin/env-dump"
+printf '#!/bin/sh\n[ "$1" = metadata ] && exec "%s/target/cross-bin/cargo" "$@"\nexec env -0\n' "$root" > "$root/target/cross-bin/env-dump"
 chmod +x "$root/target/cross-bin/env-dump"
 
 # cross_env TARGET: sets arch, triple (Rust's), zig_triple (what
@@ -58,12 +58,14 @@ cross_env() {
 # dependencies and built them again (2.5 minutes a target).
 zig_env() {
   local kv var
+  var=CARGO_TARGET_$(echo "$triple" | tr 'a-z-' 'A-Z_')_LINKER
+  # Only what cargo-zigbuild says now counts, not one the caller had.
+  unset "$var"
   while IFS= read -r -d '' kv; do
     case "$kv" in
       AR_*=*|CC_*=*|CXX_*=*|RANLIB_*=*|CARGO_TARGET_*_LINKER=*|CARGO_ZIGBUILD_*=*|CMAKE_TOOLCHAIN_FILE_*=*|BINDGEN_EXTRA_CLANG_ARGS_*=*)
         export "${kv?}" ;;
     esac
   done < <(CARGO="$root/target/cross-bin/env-dump" cargo-zigbuild build --target "$zig_triple")
-  var=CARGO_TARGET_$(echo "$triple" | tr 'a-z-' 'A-Z_')_LINKER
   [ -n "${!var:-}" ] || { echo "cross_env: cargo-zigbuild set no linker for $triple" >&2; return 1; }
 }

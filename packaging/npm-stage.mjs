@@ -70,6 +70,8 @@ for (const p of PLATFORMS) {
     cpu: [p.cpu],
     ...(p.libc ? { libc: [p.libc] } : {}),
     engines: main.engines,
+    // A scoped package is private on its first publish unless it says so.
+    publishConfig: { access: 'public' },
   });
 }
 

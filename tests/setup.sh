@@ -38,7 +38,7 @@ if [ -n "$cross" ]; then
   have qemu-aarch64-static || { echo "setup: installing qemu-user-static"; apt_install qemu-user-static; }
   [ -e /usr/aarch64-linux-gnu/lib/ld-linux-aarch64.so.1 ] || { echo "setup: installing libc6-arm64-cross"; apt_install libc6-arm64-cross; }
   have musl-gcc || { echo "setup: installing musl-tools"; apt_install musl musl-tools musl-dev; }
-  # Bun's arm64 build, the version bindings-node's lockfile pins for x64, to
+  # Bun's arm64 build, the version bindings-node/package.json pins for x64, to
   # run the Node suite's Bun part under qemu (tests/cross-targets). Not a
   # dependency: npm installs a package only on the CPU it names.
   bun_version=$(sed -n 's/.*"@oven\/bun-linux-x64": "\(.*\)".*/\1/p' bindings-node/package.json)

@@ -16,7 +16,7 @@ const pkg = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 // Runs require('sidelease') from the working tree as a process on PLATFORM
 // and ARCH whose /usr/bin/ldd reads LDD (null: there is none) and whose
 // process.report gives REPORT.
-function load({ platform = 'linux', arch = process.arch, ldd = null, report = null }) {
+function load({ platform = 'linux', arch = process.arch, ldd = null, report = null, execPath = null }) {
   const preload = path.join(tmpdir(), 'preload.cjs');
   fs.writeFileSync(
     preload,
@@ -34,6 +34,7 @@ Object.defineProperty(process, 'platform', { value: ${JSON.stringify(platform)} 
 Object.defineProperty(process, 'arch', { value: ${JSON.stringify(arch)} });
 const report = ${JSON.stringify(report)};
 if (report) process.report.getReport = () => report;
+if (${JSON.stringify(execPath)}) Object.defineProperty(process, 'execPath', { value: ${JSON.stringify(execPath)} });
 `,
   );
   const r = spawnSync(process.execPath, ['-r', preload, '-e', `require(${JSON.stringify(pkg)}); console.log('loaded')`], {
@@ -85,4 +86,19 @@ test('a platform no package is built for is named, with the ones that are', () =
     r.stderr,
     /no native addon for freebsd-x64: the package @sidelease\/freebsd-x64 is not installed \(sidelease is built for linux-x64-gnu, linux-arm64-gnu, linux-x64-musl, linux-arm64-musl, darwin-arm64, darwin-x64 only\)/,
   );
+});
+
+test("with neither ldd nor a report that says (Bun's), the runtime's program loader tells", () => {
+  const dir = tmpdir();
+  // The first bytes of an ELF program and its interpreter's path, as
+  // PT_INTERP puts it near the start.
+  const elf = (interp) => Buffer.concat([Buffer.from([0x7f, 0x45, 0x4c, 0x46]), Buffer.alloc(60), Buffer.from(interp + '\0')]);
+  fs.writeFileSync(path.join(dir, 'bun-musl'), elf('/lib/ld-musl-x86_64.so.1'));
+  fs.writeFileSync(path.join(dir, 'bun-glibc'), elf('/lib64/ld-linux-x86-64.so.2'));
+  const bunReport = { header: {}, sharedObjects: [] };
+  const musl = load({ report: bunReport, execPath: path.join(dir, 'bun-musl') });
+  assert.equal(musl.ok, false);
+  assert.match(musl.stderr, new RegExp(`@sidelease/linux-${process.arch}-musl is not installed`));
+  const glibc = load({ report: bunReport, execPath: path.join(dir, 'bun-glibc') });
+  assert.ok(glibc.ok, glibc.stderr);
 });
