@@ -4,10 +4,13 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+#[path = "../../core/tests/common/mod.rs"]
+mod common;
+
 const BIN: &str = env!("CARGO_BIN_EXE_sidelease");
 
 fn sidelease(args: &[&str]) -> std::process::Output {
-    Command::new(BIN).args(args).output().unwrap()
+    common::command(BIN).args(args).output().unwrap()
 }
 
 /// `hold` running a shell that says READY and waits for a line on stdin.
@@ -21,7 +24,7 @@ impl Holder {
         let mut args = vec!["hold", db];
         args.extend_from_slice(extra);
         args.extend_from_slice(&["--", "sh", "-c", "echo READY $$; read line; exit 3"]);
-        let mut child = Command::new(BIN)
+        let mut child = common::command(BIN)
             .args(&args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -157,7 +160,7 @@ fn a_wait_names_the_holder_at_once_and_again_only_when_it_changes() {
     let db = db.to_str().unwrap().to_owned();
     // A hold whose command inherits the lease: killing the hold leaves the
     // command holding it, a change of holder with no release in between.
-    let mut first = Command::new(BIN)
+    let mut first = common::command(BIN)
         .args([
             "hold",
             &db,
@@ -182,7 +185,7 @@ fn a_wait_names_the_holder_at_once_and_again_only_when_it_changes() {
     // Child::wait closes the child's stdin: the command's is kept here.
     let mut sh_in = first.stdin.take().unwrap();
     let t0 = Instant::now();
-    let mut waiter = Command::new(BIN)
+    let mut waiter = common::command(BIN)
         .args(["hold", &db, "--timeout", "20", "--", "true"])
         .stderr(Stdio::piped())
         .spawn()
@@ -280,7 +283,7 @@ fn sigterm_is_forwarded_and_the_lease_released_after_the_command() {
     let d = tempfile::tempdir().unwrap();
     let db = d.path().join("app.db");
     let db = db.to_str().unwrap();
-    let mut child = Command::new(BIN)
+    let mut child = common::command(BIN)
         .args([
             "hold",
             db,
@@ -447,7 +450,7 @@ fn a_lingering_descendant_keeps_hold_from_claiming_a_clean_release() {
     let d = tempfile::tempdir().unwrap();
     let db = d.path().join("app.db");
     let db = db.to_str().unwrap();
-    let out = Command::new(BIN)
+    let out = common::command(BIN)
         .args([
             "hold",
             db,
@@ -494,7 +497,7 @@ fn on_lost_terminates_the_command_or_is_ignored() {
         let d = tempfile::tempdir().unwrap();
         let db = d.path().join("app.db");
         let db = db.to_str().unwrap();
-        let mut child = Command::new(BIN)
+        let mut child = common::command(BIN)
             .args([
                 "hold",
                 db,
@@ -553,7 +556,7 @@ fn hold_kills_a_command_that_ignores_sigterm_after_the_grace() {
     let d = tempfile::tempdir().unwrap();
     let db = d.path().join("app.db");
     let db = db.to_str().unwrap();
-    let mut child = Command::new(BIN)
+    let mut child = common::command(BIN)
         .args(["hold", db, "--kill-after", "0.3", "--", "sh", "-c"])
         .arg("trap 'echo TERM' TERM; echo READY; while :; do sleep 0.02; done")
         .stdout(Stdio::piped())
@@ -610,7 +613,7 @@ fn a_waiter_takes_the_file_at_the_path_not_the_deleted_one_it_opened() {
         unsafe { libc::flock(old.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
         0
     );
-    let mut waiter = Command::new(BIN)
+    let mut waiter = common::command(BIN)
         .arg("hold")
         .arg(&db)
         .args(["--timeout", "20", "--", "true"])
@@ -643,7 +646,7 @@ fn status_json_of_a_non_utf8_path_is_a_whole_document() {
     use std::os::unix::ffi::OsStrExt;
     let d = tempfile::tempdir().unwrap();
     let db = d.path().join(std::ffi::OsStr::from_bytes(b"caf\xe9.db"));
-    let out = Command::new(BIN)
+    let out = common::command(BIN)
         .arg("status")
         .arg(&db)
         .arg("--json")
@@ -776,7 +779,7 @@ fn a_refusal_never_names_a_killed_hold_whose_command_keeps_the_lease() {
     let d = tempfile::tempdir().unwrap();
     let db = d.path().join("app.db");
     let db = db.to_str().unwrap();
-    let mut child = Command::new(BIN)
+    let mut child = common::command(BIN)
         .args(["hold", db, "--", "sh", "-c", "echo READY $$; read line"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

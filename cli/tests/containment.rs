@@ -5,7 +5,7 @@
 
 use std::os::fd::AsRawFd;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 #[path = "../../core/tests/common/mod.rs"]
@@ -26,7 +26,7 @@ fn a_command_that_ignores_sigterm_is_killed_after_the_grace() {
         r#"trap 'echo TERM >> "$1"' TERM; echo "run $$" >> "$1"; while :; do sleep 0.02; done"#;
     let db = dir.join("app.db");
     let mut c = Lead(
-        Command::new(BIN)
+        common::command(BIN)
             .arg("lead")
             .arg(&db)
             .args(["--kill-after", "0.5", "--", "sh", "-c", script, "sh"])
@@ -246,7 +246,7 @@ fn a_frozen_leaders_command_is_killed_before_its_lease_could_pass_on() {
     let ticks = d.path().join("ticks");
     let script = r#"echo $$ > "$1.pid"; while :; do echo tick >> "$1"; sleep 0.01; done"#;
     let mut c = Lead(
-        Command::new(BIN)
+        common::command(BIN)
             .args(["lead", &target, "--", "sh", "-c", script, "sh"])
             .arg(&ticks)
             .stdin(Stdio::null())
@@ -302,7 +302,7 @@ fn a_silent_server_leaves_the_loss_to_a_running_lead_not_its_watchdog() {
     let script =
         r#"trap 'echo TERM >> "$1"; exit 9' TERM; echo run >> "$1"; while :; do sleep 0.02; done"#;
     let mut c = Lead(
-        Command::new(BIN)
+        common::command(BIN)
             .args(["lead", &target, "--", "sh", "-c", script, "sh"])
             .arg(&runs)
             .stdin(Stdio::null())

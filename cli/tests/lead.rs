@@ -3,7 +3,7 @@
 
 use std::os::fd::AsRawFd;
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 #[path = "../../core/tests/common/mod.rs"]
@@ -28,7 +28,11 @@ fn a_killed_leader_is_succeeded_at_once_and_two_never_lead() {
         failover[50], failover[98]
     );
     stop_all(crowd, now);
-    let out = Command::new(BIN).arg("status").arg(&db).output().unwrap();
+    let out = common::command(BIN)
+        .arg("status")
+        .arg(&db)
+        .output()
+        .unwrap();
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -119,7 +123,7 @@ fn a_terminated_postgresql_session_ends_the_command_and_the_leader_campaigns_aga
     let script =
         r#"trap 'echo TERM >> "$1"; exit 9' TERM; echo run >> "$1"; while :; do sleep 0.02; done"#;
     let mut c = Lead(
-        Command::new(BIN)
+        common::command(BIN)
             .args(["lead", &target, "--", "sh", "-c", script, "sh"])
             .arg(&runs)
             .stdin(Stdio::null())
@@ -342,7 +346,7 @@ fn a_lost_lease_ends_the_command_and_the_leader_campaigns_again() {
 #[test]
 fn kill_after_must_be_seconds() {
     for bad in ["-1", "soon", "NaN", "1e9"] {
-        let out = Command::new(BIN)
+        let out = common::command(BIN)
             .args(["lead", "/tmp/x.db", "--kill-after", bad, "--", "true"])
             .output()
             .unwrap();
@@ -355,7 +359,7 @@ fn kill_after_must_be_seconds() {
 #[test]
 fn lead_refuses_to_ignore_a_loss() {
     let d = tempfile::tempdir().unwrap();
-    let out = Command::new(BIN)
+    let out = common::command(BIN)
         .args(["lead", "--on-lost", "ignore"])
         .arg(d.path().join("app.db"))
         .args(["--", "true"])
@@ -377,7 +381,7 @@ fn a_postgresql_wait_names_the_holder_once() {
     let name = common::unique("wait");
     let target = format!("{}?lease={name}", common::env("SIDELEASE_TEST_PG"));
     let mut first = Lead(
-        Command::new(BIN)
+        common::command(BIN)
             .args(["hold", &target, "--", "sh", "-c", "echo READY; sleep 1.5"])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -392,7 +396,7 @@ fn a_postgresql_wait_names_the_holder_once() {
     assert_eq!(ready.trim(), "READY");
     let t0 = Instant::now();
     let mut waiter = Lead(
-        Command::new(BIN)
+        common::command(BIN)
             .args(["hold", &target, "--timeout", "20", "--", "true"])
             .stdin(Stdio::null())
             .stderr(Stdio::piped())

@@ -6,7 +6,7 @@
 #![cfg(feature = "postgres")]
 
 use std::io::{Read, Write};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -35,7 +35,7 @@ fn child_holds() {
 
 /// A child process holding the lease `u` until killed.
 fn holder(u: &str) -> std::process::Child {
-    let mut child = Command::new(std::env::current_exe().unwrap())
+    let mut child = common::command(common::this_exe())
         .args(["--exact", "child_holds", "--nocapture", "--include-ignored"])
         .env("SIDELEASE_CHILD_URL", u)
         .stdout(Stdio::piped())

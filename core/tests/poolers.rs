@@ -5,7 +5,6 @@
 //! error naming the pooler, and leave no lock behind on a pooled backend.
 #![cfg(feature = "postgres")]
 
-use std::process::Command;
 use std::time::Duration;
 
 use sidelease::{inspect, ErrorKind, Lease, Options, State};
@@ -106,10 +105,10 @@ fn a_transaction_pooler_never_gives_two_holders_under_contention() {
         return;
     }
     let n = name();
-    let me = std::env::current_exe().unwrap();
+    let me = common::this_exe();
     let children: Vec<_> = (0..2)
         .map(|_| {
-            Command::new(&me)
+            common::command(&me)
                 .args([
                     "--exact",
                     "a_transaction_pooler_never_gives_two_holders_under_contention",

@@ -134,7 +134,7 @@ fn child_holds_forever() {
 /// This test binary, running only the ignored test `name` (a child's part),
 /// with the lease URL `u`.
 fn child_test(name: &str, u: &str) -> Command {
-    let mut c = Command::new(std::env::current_exe().unwrap());
+    let mut c = common::command(common::this_exe());
     c.args(["--exact", name, "--nocapture", "--include-ignored"])
         .env("SIDELEASE_CHILD_URL", u);
     c

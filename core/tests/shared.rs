@@ -60,7 +60,7 @@ fn eventually(what: &str, limit: Duration, f: impl Fn() -> bool) {
 }
 
 fn child_test(name: &str) -> Command {
-    let mut c = Command::new(std::env::current_exe().unwrap());
+    let mut c = common::command(common::this_exe());
     c.args(["--exact", name, "--nocapture", "--include-ignored"]);
     c
 }

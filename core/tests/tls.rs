@@ -101,8 +101,8 @@ fn refused(url: &str) -> String {
 /// Run `test` of this binary in a child process with `vars` (and HOME set
 /// to `home`, so the default ~/.postgresql files are the test's own).
 fn child(test: &str, home: &Path, vars: &[(&str, &str)]) {
-    let me = std::env::current_exe().unwrap();
-    let mut cmd = Command::new(me);
+    let me = common::this_exe();
+    let mut cmd = common::command(me);
     cmd.args(["--exact", test, "--nocapture", "--include-ignored"])
         .env("SIDELEASE_TLS_CHILD", "1")
         .env("HOME", home);
