@@ -62,6 +62,10 @@ pub(crate) struct Conn {
     pub tls: Option<&'static str>,
     /// The host reached, if over TCP.
     pub host: Option<String>,
+    /// Which server and database this session is in ([`SERVER_IDENTITY`]),
+    /// read with the session's settings; `None` where the server would not
+    /// say (or for the pooler probe's bare connection).
+    pub server: Option<String>,
 }
 
 impl Conn {
@@ -126,6 +130,21 @@ pub(crate) const SESSION_SETTINGS: &str = "SET statement_timeout = 0; SET lock_t
      SET idle_in_transaction_session_timeout = 0; SET idle_session_timeout = 10000; \
      SET client_connection_check_interval = 1000; SET tcp_keepalives_idle = 2; \
      SET tcp_keepalives_interval = 1; SET tcp_keepalives_count = 3; SET tcp_user_timeout = 0";
+
+/// What tells one server from another, so that a lock held by backend N of
+/// one server is never taken for this process's lease held by backend N of
+/// another: two containers' servers number their backends alike. The
+/// cluster's `system_identifier` (made at initdb; a copy of a data
+/// directory, a standby, keeps it), the postmaster's start time (a copy
+/// started apart, a promoted standby, a restart differ) and the database
+/// (an advisory lock is per database). A server may have revoked
+/// `pg_control_system()`: the statement then fails on its own (the
+/// server checks the privilege before it runs any of it), and no lock on
+/// that server is taken for one of ours.
+pub(crate) const SERVER_IDENTITY: &str = "SELECT concat_ws('/', system_identifier, \
+     extract(epoch FROM pg_postmaster_start_time()), \
+     (SELECT oid FROM pg_database WHERE datname = current_database())) \
+     FROM pg_catalog.pg_control_system()";
 
 /// What a statement that matters checks, in the same statement, so it runs
 /// in the same server session as what it guards: that the session is the
@@ -226,8 +245,24 @@ async fn open_with(target: &Target, app: Option<String>, settings: bool) -> Resu
             "{SESSION_SETTINGS}; SET sidelease.session = '{}'",
             conn.session
         );
-        match tokio::time::timeout(timeout, conn.client.batch_execute(&setup)).await {
-            Ok(Ok(())) => {}
+        // The server's identity in the same round trip (the two are sent
+        // together), as a statement of its own: refused, it costs nothing
+        // but the identity.
+        let both = async {
+            let (set, id) = tokio::join!(
+                conn.client.batch_execute(&setup),
+                conn.client.simple_query(SERVER_IDENTITY)
+            );
+            let id = id.ok().and_then(|messages| {
+                messages.iter().find_map(|m| match m {
+                    tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+                    _ => None,
+                })
+            });
+            set.map(|()| id)
+        };
+        match tokio::time::timeout(timeout, both).await {
+            Ok(Ok(id)) => conn.server = id,
             Ok(Err(e)) => return Err(pg_error(target, "connect", &e)),
             Err(_) => {
                 return Err(io_error(
@@ -336,6 +371,7 @@ async fn startup(
         ends,
         tls: used.and_then(|u| u.get().copied()),
         host,
+        server: None,
     })
 }
 

@@ -777,7 +777,7 @@ impl Hub {
         let link = Link::on_shared(
             ManuallyDrop::new(self.tx.clone()),
             &t,
-            (self.pid, generation),
+            (self.conn.server.clone(), self.pid, generation),
             confirmed.clone(),
             Instant::now() + fence,
         );
@@ -823,7 +823,8 @@ impl Hub {
             .await
             .ok()?
             .ok()?;
-        if holder.is_some_and(|h| local::holds_backend(&t.name, h.backend_pid as i32)) {
+        let server = self.conn.server.as_deref();
+        if holder.is_some_and(|h| local::holds_backend(&t.name, (server, h.backend_pid as i32))) {
             return None;
         }
         let c = tokio::time::timeout(HEARTBEAT_DEADLINE, contention(&self.conn, t, started))

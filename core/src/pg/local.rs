@@ -115,19 +115,15 @@ pub(crate) fn share(identity: &str) -> Option<Lease> {
 }
 
 /// Whether this process holds the lease `name` on the server backend
-/// `backend_pid` (under another identity: the same server spelled another
-/// way); if so it is listed under `identity` too, so the next attempt
-/// shares it.
-pub(crate) fn share_backend(identity: &str, name: &str, backend_pid: i32) -> bool {
+/// `backend_pid` of the server `server` (under another identity: the same
+/// server spelled another way); if so it is listed under `identity` too, so
+/// the next attempt shares it.
+pub(crate) fn share_backend(identity: &str, name: &str, at: (Option<&str>, i32)) -> bool {
     let mut g = lock();
     let found = g
         .held
         .values()
-        .find(|s| {
-            s.shareable()
-                && super::held::link_of(s)
-                    .is_some_and(|l| l.name == name && l.backend_pid == backend_pid)
-        })
+        .find(|s| s.shareable() && super::held::link_of(s).is_some_and(|l| is_at(l, name, at)))
         .cloned();
     match found {
         Some(s) => {
@@ -139,11 +135,23 @@ pub(crate) fn share_backend(identity: &str, name: &str, backend_pid: i32) -> boo
 }
 
 /// Whether this process holds the lease `name` on the server backend
-/// `backend_pid`, under any identity.
-pub(crate) fn holds_backend(name: &str, backend_pid: i32) -> bool {
-    lock().held.values().any(|s| {
-        super::held::link_of(s).is_some_and(|l| l.name == name && l.backend_pid == backend_pid)
-    })
+/// `backend_pid` of the server `server`, under any identity.
+pub(crate) fn holds_backend(name: &str, at: (Option<&str>, i32)) -> bool {
+    lock()
+        .held
+        .values()
+        .any(|s| super::held::link_of(s).is_some_and(|l| is_at(l, name, at)))
+}
+
+/// Whether `link` is the lease `name` held by backend `pid` of `server`. A
+/// server that did not say which it is matches none: the same backend PID
+/// on two servers is two sessions (every container's server numbers its
+/// backends from the same few PIDs), and "unknown" is not "the same".
+fn is_at(link: &Link, name: &str, (server, pid): (Option<&str>, i32)) -> bool {
+    link.name == name
+        && link.backend_pid == pid
+        && server.is_some()
+        && link.server.as_deref() == server
 }
 
 /// Whether another thread of this process holds the lease now.

@@ -85,8 +85,10 @@ pub(crate) struct Link {
     pub name: String,
     /// The lease's URL, password masked.
     shown: String,
-    /// The server backend holding the lock.
+    /// The server backend holding the lock, and the server it is on
+    /// (`Conn::server`): a backend PID names a session on one server only.
     pub backend_pid: i32,
+    pub server: Option<String>,
     /// When the server last confirmed the session (ms on `Confirmed`'s
     /// clock): at the acquisition, then at each answered heartbeat.
     pub confirmed: Arc<Confirmed>,
@@ -116,7 +118,7 @@ impl Link {
     pub(crate) fn on_shared(
         tx: ManuallyDrop<UnboundedSender<Cmd>>,
         t: &Target,
-        (backend_pid, generation): (i32, i64),
+        (server, backend_pid, generation): (Option<String>, i32, i64),
         confirmed: Arc<Confirmed>,
         fence_until: std::time::Instant,
     ) -> Link {
@@ -128,6 +130,7 @@ impl Link {
             name: t.name.clone(),
             shown: t.shown.clone(),
             backend_pid,
+            server,
             confirmed,
             member: Some((t.key, generation)),
             fence_until,
@@ -549,7 +552,11 @@ impl Run {
     async fn held_here(&self, conn: &Conn) -> bool {
         let t = &*self.target;
         match super::inspect::lock_holder(&conn.client, t).await {
-            Ok(Some(h)) => local::share_backend(&t.identity, &t.name, h.backend_pid as i32),
+            Ok(Some(h)) => local::share_backend(
+                &t.identity,
+                &t.name,
+                (conn.server.as_deref(), h.backend_pid as i32),
+            ),
             _ => false,
         }
     }
@@ -835,6 +842,7 @@ impl Run {
             name: t.name.clone(),
             shown: t.shown.clone(),
             backend_pid: pid,
+            server: conn.server.clone(),
             confirmed: Arc::new(Confirmed::new(t.confirm_within, sent)),
             member: None,
             fence_until,
