@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 use crate::platform::wakefd::WakeFd;
 use tokio::sync::mpsc::UnboundedSender;
 
+use super::link::Cmd;
 use super::local;
-use super::session::{self, Cmd};
+use super::session;
 use super::target::Target;
 use crate::error::{Contention, Error, Result};
 use crate::lease::Lease;

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::conn::describe;
+use super::conn::{describe, heartbeat, Conn};
 
 /// When the server last confirmed the session, and the bound past which the
 /// holder counts the lease as lost. A confirmation is dated when its
@@ -105,4 +105,41 @@ pub(super) fn silent(bound: Duration) -> String {
          stalled or restarted, or this process paused); it may hold the lease no longer",
         bound.as_secs_f64()
     )
+}
+
+/// One heartbeat: the server must answer, from this connection's own
+/// session, before the bound passes; `Err` says why the lease is lost.
+pub(crate) async fn beat(
+    conn: &Conn,
+    pid: i32,
+    confirmed: &Confirmed,
+) -> std::result::Result<(), Beat> {
+    if confirmed.expired() {
+        return Err(Beat::Lost(silent(confirmed.bound())));
+    }
+    let sent = Confirmed::clock();
+    let left = confirmed.bound().saturating_sub(confirmed.age());
+    match tokio::time::timeout(left, heartbeat(&conn.client, &conn.session)).await {
+        Ok(Ok((now, true))) if now == pid => {
+            if confirmed.answered(sent) {
+                Ok(())
+            } else {
+                Err(Beat::Lost(silent(confirmed.bound())))
+            }
+        }
+        Ok(Ok((now, _))) => Err(Beat::Lost(format!(
+            "the heartbeat ran in another server session (pid {pid}, then {now}): a \
+             transaction- or statement-mode pooler sits between this process and the server, \
+             and the lock stayed with the old session"
+        ))),
+        Ok(Err(e)) if e.is_closed() => Err(Beat::Closed(format!(
+            "the lease's session failed: {}",
+            describe(&e)
+        ))),
+        Ok(Err(e)) => Err(Beat::Lost(format!(
+            "the lease's session failed: {}",
+            describe(&e)
+        ))),
+        Err(_) => Err(Beat::Lost(silent(confirmed.bound()))),
+    }
 }

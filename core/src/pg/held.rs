@@ -6,8 +6,8 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use super::confirm::silent;
+use super::link::Link;
 use super::local;
-use super::session::Link;
 use crate::backend::{Engine, Held};
 use crate::error::{Error, Lost, Result};
 use crate::lease::{Check, Lease, Phase, Shared};

@@ -3,14 +3,15 @@
 //! `application_name`) and the holder row.
 
 use std::path::PathBuf;
+use std::time::Instant;
 
 use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
-use super::conn::{self, pg_error};
+use super::conn::{self, pg_error, Conn};
 use super::local;
 use super::target::Target;
-use crate::error::Result;
+use crate::error::{Contention, Result};
 use crate::inspect::{Inspection, RecordStatus, ServerHolder, State};
 use crate::record::Record;
 
@@ -151,4 +152,22 @@ async fn run(t: &Target) -> Result<Inspection> {
         server: holder,
         unavailable: Vec::new(),
     })
+}
+
+/// Who holds the lease, as the server tells it: the holder row (its
+/// record) and the backend holding the lock.
+pub(crate) async fn contention(conn: &Conn, t: &Target, started: Instant) -> Contention {
+    let holder = super::inspect::holder_row(&conn.client, t)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|(rec, _)| rec);
+    Contention {
+        target: PathBuf::from(&t.shown),
+        lease_path: PathBuf::from(&t.shown),
+        holder,
+        holders: Vec::new(),
+        record_note: None,
+        waited: started.elapsed(),
+    }
 }

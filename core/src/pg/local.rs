@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
-use super::session::{shared_lease, Cmd, Link};
+use super::link::{shared_lease, Cmd, Link};
 use crate::error::Result;
 use crate::lease::{Lease, Phase, Shared};
 

@@ -4,12 +4,13 @@
 //! with a holder row (and its fencing generation) in `sidelease_leases`.
 //!
 //! A lease lives beside the process's other leases on its server's shared
-//! session (`hub.rs`, the default), or, when it had to wait or its URL
+//! session (`hub/`, the default), or, when it had to wait or its URL
 //! says `session=own`, on a connection of its own with a thread running a
 //! single-threaded tokio runtime (`session.rs`): the callers' threads
 //! never block on the network beyond a release, the Node addon's runtime
 //! is never entered, and the server itself wakes a waiter (a blocking
-//! `pg_advisory_lock`).
+//! `pg_advisory_lock`). Either way a handle holds a link to its session
+//! (`link.rs`); the holder row is `row.rs`'s.
 
 #[cfg(feature = "postgres")]
 mod attempt;
@@ -24,7 +25,11 @@ mod hub;
 #[cfg(feature = "postgres")]
 mod inspect;
 #[cfg(feature = "postgres")]
+mod link;
+#[cfg(feature = "postgres")]
 mod local;
+#[cfg(feature = "postgres")]
+mod row;
 #[cfg(feature = "postgres")]
 mod session;
 #[cfg(feature = "postgres")]

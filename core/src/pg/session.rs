@@ -17,17 +17,19 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 
 use super::attempt::Slot;
-use super::confirm::{ended, silent, Beat, Confirmed, ENDED_GRACE};
+use super::confirm::{beat, ended, silent, Beat, Confirmed, ENDED_GRACE};
 use super::conn::{
-    cancel, describe, heartbeat, holds, in_order, io_error, open, pg_error, pooler,
-    privilege_error, probe, release_within, set_lock_timeout, standby_error, unlock, upsert_sql,
-    Conn, Pooled, CANCEL_GRACE, CANCEL_RETRY, CONNECT_TIMEOUT, FOREIGN_LOCKS, POOLER_CHECK,
-    ROW_LOCK_TIMEOUT,
+    cancel, holds, in_order, io_error, open, pg_error, pooler, privilege_error, probe,
+    release_within, set_lock_timeout, standby_error, unlock, upsert_sql, Conn, Pooled,
+    CANCEL_GRACE, CANCEL_RETRY, CONNECT_TIMEOUT, FOREIGN_LOCKS, POOLER_CHECK, ROW_LOCK_TIMEOUT,
 };
+use super::inspect::contention;
+use super::link::{Cmd, Link};
 use super::local;
+use super::row::{table_error, Written, TABLE, TABLE_DDL};
 use super::target::Target;
 use crate::error::{Contention, Error, Lost, Result};
-use crate::lease::{Lease, Shared};
+use crate::lease::Shared;
 use crate::options::{Options, Wait};
 use crate::record::{Content, Record};
 use crate::registry;
@@ -35,182 +37,11 @@ use crate::registry;
 /// How long a statement other than the heartbeat may wait for its answer
 /// (a release, the cancel of a wait).
 pub const HEARTBEAT_DEADLINE: Duration = Duration::from_secs(2);
-/// How long a release waits for its session's answer: the row write's
-/// bound, a side connection's for a shared session, and a margin.
-const RELEASE_ANSWER: Duration = Duration::from_secs(15);
 /// Between reconnections while waiting (the server restarting, say).
 const RECONNECT_PAUSE: Duration = Duration::from_millis(250);
 
-pub const TABLE: &str = "sidelease_leases";
-
 /// The holder row's write on a lease's own session.
 static UPSERT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| upsert_sql("true"));
-pub const TABLE_DDL: &str = "CREATE TABLE IF NOT EXISTS sidelease_leases (\
-     name text PRIMARY KEY, key bigint NOT NULL UNIQUE, generation bigint NOT NULL, \
-     holder jsonb NOT NULL, acquired_at timestamptz NOT NULL, released_at timestamptz)";
-
-pub(crate) enum Cmd {
-    Release(std::sync::mpsc::SyncSender<Result<()>>),
-    /// Ask the server now; answer whether it confirmed the session.
-    Confirm(std::sync::mpsc::SyncSender<bool>),
-    /// The acquisition was given up (cancelled, timed out by its caller).
-    Cancel,
-    /// Another thread of this process holds the lease now: share it.
-    Share,
-    /// For the shared session: a try-acquisition.
-    Try(Box<super::hub::TryReq>),
-    /// For the shared session: the last release of the lease with this key
-    /// and generation.
-    Leave(i64, i64, std::sync::mpsc::SyncSender<Result<()>>),
-    /// For the shared session: a release's row, written on a connection of
-    /// its own; unlock the key and answer.
-    Recorded(
-        Box<(Arc<Target>, i64, Result<()>)>,
-        std::sync::mpsc::SyncSender<Result<()>>,
-    ),
-    /// For the shared session: the holders of these keys' lost leases were
-    /// told.
-    Told(Vec<i64>),
-    /// A copy of the session's socket to hand to a command (its own
-    /// session only).
-    HandOn(std::sync::mpsc::SyncSender<std::io::Result<std::os::fd::OwnedFd>>),
-}
-
-/// A held PostgreSQL lease's line to its thread.
-pub(crate) struct Link {
-    tx: ManuallyDrop<UnboundedSender<Cmd>>,
-    epoch: u64,
-    thread: std::thread::ThreadId,
-    pub identity: String,
-    pub name: String,
-    /// The lease's URL, password masked.
-    shown: String,
-    /// The server backend holding the lock, and the server it is on
-    /// (`Conn::server`): a backend PID names a session on one server only.
-    pub backend_pid: i32,
-    pub server: Option<String>,
-    /// When the server last confirmed the session (ms on `Confirmed`'s
-    /// clock): at the acquisition, then at each answered heartbeat.
-    pub confirmed: Arc<Confirmed>,
-    /// On the shared session of its server: the lease's key and generation
-    /// there.
-    member: Option<(i64, i64)>,
-    /// Until when a previous holder whose lock was taken from it may still
-    /// believe it holds the lease, as the server judged it when the row
-    /// was written.
-    pub fence_until: std::time::Instant,
-}
-
-impl Drop for Link {
-    fn drop(&mut self) {
-        // In a forked child the channel's other end (and its runtime) is
-        // gone with the parent's threads: touch nothing.
-        if self.epoch == registry::epoch() {
-            // SAFETY: dropped once, here.
-            unsafe { ManuallyDrop::drop(&mut self.tx) };
-        }
-    }
-}
-
-impl Link {
-    /// A lease on its server's shared session (called on that session's
-    /// thread).
-    pub(crate) fn on_shared(
-        tx: ManuallyDrop<UnboundedSender<Cmd>>,
-        t: &Target,
-        (server, backend_pid, generation): (Option<String>, i32, i64),
-        confirmed: Arc<Confirmed>,
-        fence_until: std::time::Instant,
-    ) -> Link {
-        Link {
-            tx,
-            epoch: registry::epoch(),
-            thread: std::thread::current().id(),
-            identity: t.identity.clone(),
-            name: t.name.clone(),
-            shown: t.shown.clone(),
-            backend_pid,
-            server,
-            confirmed,
-            member: Some((t.key, generation)),
-            fence_until,
-        }
-    }
-
-    /// Record the release and unlock (and end a session of its own); wait
-    /// for it unless called from the lease's own thread (a loss callback).
-    pub(crate) fn finish(&self) -> Result<()> {
-        let (reply, answer) = std::sync::mpsc::sync_channel(1);
-        let cmd = match self.member {
-            None => Cmd::Release(reply),
-            Some((key, generation)) => Cmd::Leave(key, generation, reply),
-        };
-        if self.tx.send(cmd).is_err() {
-            // The thread ended: the session, and the lock, are gone.
-            return Ok(());
-        }
-        if std::thread::current().id() == self.thread {
-            return Ok(());
-        }
-        match answer.recv_timeout(RELEASE_ANSWER) {
-            Ok(r) => r,
-            // The thread ended: the session, and the lock, are gone.
-            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Ok(()),
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(Error::Io {
-                syscall: "release",
-                path: PathBuf::from(&self.shown),
-                source: std::io::Error::other(format!(
-                    "the lease's session did not answer the release within {}s; the server \
-                     frees the lock when the session ends",
-                    RELEASE_ANSWER.as_secs()
-                )),
-            }),
-        }
-    }
-
-    /// A copy of the session's socket, for a command to inherit: the
-    /// session (and the lock) then lasts until that command has ended too,
-    /// even if this process is killed first.
-    pub(crate) fn hand_on(&self) -> Result<std::os::fd::OwnedFd> {
-        let err = |source: std::io::Error| Error::Io {
-            syscall: "dup",
-            path: PathBuf::from(&self.shown),
-            source,
-        };
-        if std::thread::current().id() == self.thread {
-            return Err(err(std::io::Error::other(
-                "asked from the lease's own thread (a loss callback)",
-            )));
-        }
-        let (reply, answer) = std::sync::mpsc::sync_channel(1);
-        if self.tx.send(Cmd::HandOn(reply)).is_err() {
-            return Err(err(std::io::Error::other("the session has ended")));
-        }
-        match answer.recv_timeout(RELEASE_ANSWER) {
-            Ok(r) => r.map_err(err),
-            Err(_) => Err(err(std::io::Error::other(
-                "the session has ended or did not answer",
-            ))),
-        }
-    }
-
-    /// Ask the server now (one round trip, within the bound): `Some(true)`
-    /// if it confirmed the session, `Some(false)` if the session is lost,
-    /// `None` if the lease's thread did not answer in time.
-    pub(crate) fn confirm_now(&self) -> Option<bool> {
-        if std::thread::current().id() == self.thread {
-            // A loss callback asking: the thread cannot answer itself.
-            return Some(!self.confirmed.expired());
-        }
-        let (reply, answer) = std::sync::mpsc::sync_channel(1);
-        if self.tx.send(Cmd::Confirm(reply)).is_err() {
-            return Some(false);
-        }
-        answer
-            .recv_timeout(self.confirmed.bound() + Duration::from_millis(200))
-            .ok()
-    }
-}
 
 enum Step {
     /// `waited`: the session's lock timeout was the caller's, and goes
@@ -834,19 +665,13 @@ impl Run {
     ) {
         let t = self.target.clone();
         let shown = PathBuf::from(&t.shown);
-        let link = Link {
-            tx: ManuallyDrop::new(self.tx.clone()),
-            epoch: registry::epoch(),
-            thread: std::thread::current().id(),
-            identity: t.identity.clone(),
-            name: t.name.clone(),
-            shown: t.shown.clone(),
-            backend_pid: pid,
-            server: conn.server.clone(),
-            confirmed: Arc::new(Confirmed::new(t.confirm_within, sent)),
-            member: None,
+        let link = Link::on_own(
+            ManuallyDrop::new(self.tx.clone()),
+            &t,
+            (conn.server.clone(), pid),
+            Arc::new(Confirmed::new(t.confirm_within, sent)),
             fence_until,
-        };
+        );
         let confirmed = link.confirmed.clone();
         let shared = Arc::new(Shared::new_remote(
             shown.clone(),
@@ -940,116 +765,5 @@ impl Run {
                 return;
             }
         }
-    }
-}
-
-/// One heartbeat: the server must answer, from this connection's own
-/// session, before the bound passes; `Err` says why the lease is lost.
-async fn beat(conn: &Conn, pid: i32, confirmed: &Confirmed) -> std::result::Result<(), Beat> {
-    if confirmed.expired() {
-        return Err(Beat::Lost(silent(confirmed.bound())));
-    }
-    let sent = Confirmed::clock();
-    let left = confirmed.bound().saturating_sub(confirmed.age());
-    match tokio::time::timeout(left, heartbeat(&conn.client, &conn.session)).await {
-        Ok(Ok((now, true))) if now == pid => {
-            if confirmed.answered(sent) {
-                Ok(())
-            } else {
-                Err(Beat::Lost(silent(confirmed.bound())))
-            }
-        }
-        Ok(Ok((now, _))) => Err(Beat::Lost(format!(
-            "the heartbeat ran in another server session (pid {pid}, then {now}): a \
-             transaction- or statement-mode pooler sits between this process and the server, \
-             and the lock stayed with the old session"
-        ))),
-        Ok(Err(e)) if e.is_closed() => Err(Beat::Closed(format!(
-            "the lease's session failed: {}",
-            describe(&e)
-        ))),
-        Ok(Err(e)) => Err(Beat::Lost(format!(
-            "the lease's session failed: {}",
-            describe(&e)
-        ))),
-        Err(_) => Err(Beat::Lost(silent(confirmed.bound()))),
-    }
-}
-
-/// Who holds the lease, as the server tells it: the holder row (its
-/// record) and the backend holding the lock.
-pub(crate) async fn contention(conn: &Conn, t: &Target, started: Instant) -> Contention {
-    let holder = super::inspect::holder_row(&conn.client, t)
-        .await
-        .ok()
-        .flatten()
-        .and_then(|(rec, _)| rec);
-    Contention {
-        target: PathBuf::from(&t.shown),
-        lease_path: PathBuf::from(&t.shown),
-        holder,
-        holders: Vec::new(),
-        record_note: None,
-        waited: started.elapsed(),
-    }
-}
-
-/// Share the lease another thread of this process holds, if it does.
-pub(crate) fn shared_lease(s: Arc<Shared>) -> Lease {
-    s.add_handle();
-    Lease::from_shared(s)
-}
-
-/// What a holder-row write returned.
-pub(crate) struct Written {
-    pub generation: i64,
-    pub previous: Content,
-    /// The server backend that wrote it.
-    pub backend: i32,
-    /// How long a previous holder whose lock was taken from it may still
-    /// believe it holds the lease, from when the row was written.
-    pub fence: Duration,
-}
-
-impl Written {
-    /// Read the row, a type no column of the library's table has (a table
-    /// made by hand) an error rather than a panic.
-    pub(crate) fn of(
-        row: &tokio_postgres::Row,
-    ) -> std::result::Result<Written, tokio_postgres::Error> {
-        Ok(Written {
-            generation: row.try_get(0)?,
-            previous: previous_of(row.try_get(1)?, row.try_get(2)?, row.try_get(3)?),
-            backend: row.try_get(4)?,
-            fence: Duration::from_millis(row.try_get::<_, i64>(5)?.max(0) as u64),
-        })
-    }
-}
-
-/// A holder row that cannot be read as the library writes it.
-pub(crate) fn table_error(t: &Target, e: &tokio_postgres::Error) -> Error {
-    io_error(
-        t,
-        "insert",
-        format!("{TABLE} is not the table the library makes ({TABLE_DDL}): {e}"),
-    )
-}
-
-/// The previous holder's record, from its row as the write returned it.
-pub(crate) fn previous_of(
-    generation: Option<i64>,
-    holder: Option<String>,
-    released_at: Option<String>,
-) -> Content {
-    match holder {
-        None => Content::Empty,
-        Some(text) => match serde_json::from_str::<Record>(&text) {
-            Ok(mut r) => {
-                r.generation = generation.map(|g| g as u64);
-                r.released_at = released_at;
-                Content::Record(Box::new(r))
-            }
-            Err(_) => Content::Unreadable,
-        },
     }
 }

@@ -12,10 +12,11 @@
 //! (its `on_lost` callbacks and lost descriptor). A lease whose own bound
 //! (`confirm_within`) passes is lost alone, and its lock is given back.
 
+mod acquire;
+mod release;
+
 use std::collections::{HashMap, HashSet};
-use std::mem::ManuallyDrop;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::SyncSender;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -26,17 +27,16 @@ use tokio_postgres::types::Type;
 use super::attempt::Slot;
 use super::confirm::{ended, silent, Confirmed, ENDED_GRACE};
 use super::conn::{
-    describe, heartbeat, in_order, io_error, open, pg_error, probe, unlock, upsert_sql, Conn,
-    CONNECT_TIMEOUT, FOREIGN_LOCKS, POOLER_CHECK, ROW_LOCK_TIMEOUT, UPDATE_RELEASED,
+    describe, heartbeat, io_error, open, probe, unlock, upsert_sql, Conn, CONNECT_TIMEOUT,
+    FOREIGN_LOCKS, POOLER_CHECK, UPDATE_RELEASED,
 };
-use super::inspect::lock_holder;
+use super::link::Cmd;
 use super::local;
-use super::session::{self, contention, Cmd, Link, Written, HEARTBEAT_DEADLINE};
+use super::session::{self, HEARTBEAT_DEADLINE};
 use super::target::Target;
 use crate::error::{Error, Lost, Result};
 use crate::lease::Shared;
 use crate::options::{Options, Wait};
-use crate::record::Record;
 
 /// How long a holder-row statement on the shared session may wait for a
 /// row lock (an application's fencing transaction holding it `FOR SHARE`):
@@ -683,288 +683,6 @@ impl Hub {
             }
         }
         self.prepared.clone()
-    }
-
-    /// One try-acquisition: the lock and the row in one round trip; what
-    /// it cannot settle goes on alone.
-    async fn try_one(&mut self, req: TryReq) {
-        if req.slot.abandoned() {
-            return;
-        }
-        let t = req.target.clone();
-        if self.busy(t.key) || local::share_pending(&t.identity) {
-            // Advisory locks are reentrant: this session must never take
-            // a key it holds.
-            return req.alone();
-        }
-        let Ok(mut rec) = Record::of_this_process(t.shown.clone(), &req.opts) else {
-            return req.alone();
-        };
-        rec.encrypted = Some(self.conn.tls.is_some());
-        rec.confirm_within_ms = Some(t.confirm_within.as_millis() as u64);
-        let holder = rec.to_json();
-        // The lock's note is this nonce: never empty, which is what a try
-        // that did not lock notes.
-        let Some(nonce) = rec.nonce.clone().filter(|n| !n.is_empty()) else {
-            return req.alone();
-        };
-        let Some(p) = self.prepared().await else {
-            // No table yet (the acquisition's own connection makes it), or
-            // no answer: alone, as without sharing.
-            return req.alone();
-        };
-        let c = &self.conn.client;
-        type Param<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync);
-        let lock_params: [Param; 3] = [&t.key, &self.conn.session, &nonce];
-        let lock = c.query(&p.lock, &lock_params);
-        let row_params: [Param; 5] = [&t.name, &t.key, &holder, &self.conn.session, &nonce];
-        let row = c.query(&p.upsert, &row_params);
-        let sent = Confirmed::clock();
-        let answered = tokio::time::timeout(HEARTBEAT_DEADLINE, in_order(lock, row)).await;
-        let Ok((locked, written)) = answered else {
-            // The session stalled: the heartbeat decides what that means.
-            // Whether the lock was taken and the row written is not known:
-            // the key stays off, and a row of this try is recorded released
-            // before the lock is given back.
-            self.held.insert(t.key, Some((t.clone(), nonce)));
-            return req.alone();
-        };
-        if locked.is_err() || written.is_err() {
-            // Prepared again on the next try: a table altered or dropped
-            // since makes its plan fail.
-            self.prepared = None;
-        }
-        if let Err(e) = &locked {
-            if !e.is_closed() {
-                // The statement failed after its lock may have been granted
-                // (cancelled, say): a session lock outlives the statement's
-                // transaction. Given back once the session answers again.
-                self.held.insert(t.key, Some((t.clone(), nonce)));
-                return req.alone();
-            }
-        }
-        let got = matches!(&locked, Ok(rows) if rows.first().is_some_and(|r| {
-            r.try_get::<_, i32>(0).is_ok_and(|p| p == self.pid)
-                && r.try_get::<_, bool>(1).unwrap_or(false)
-        }));
-        if !got && locked.is_ok() && req.opts.wait == Wait::NoWait {
-            // One attempt, and another process holds the lock: answer here
-            // rather than open a connection only to be refused.
-            if let Some(e) = self.in_use(&t, req.started).await {
-                return req.slot.finish(Err(e));
-            }
-        }
-        let written = match written {
-            Ok(rows) if got && rows.len() == 1 => Written::of(&rows[0]).ok(),
-            _ => None,
-        };
-        // Alone, an acquisition says what is wrong (a table made by hand
-        // whose columns the row cannot be read from, say).
-        let Some(written) = written.filter(|w| w.backend == self.pid) else {
-            if got {
-                self.unlock_key(t.key).await;
-            }
-            return req.alone();
-        };
-        let Written {
-            generation,
-            previous,
-            fence,
-            ..
-        } = written;
-        rec.generation = Some(generation as u64);
-        let confirmed = Arc::new(Confirmed::new(t.confirm_within, sent));
-        let link = Link::on_shared(
-            ManuallyDrop::new(self.tx.clone()),
-            &t,
-            (self.conn.server.clone(), self.pid, generation),
-            confirmed.clone(),
-            Instant::now() + fence,
-        );
-        let shared = Arc::new(Shared::new_remote(
-            PathBuf::from(&t.shown),
-            rec,
-            previous,
-            Box::new(link),
-        ));
-        let weak = Arc::downgrade(&shared);
-        if !req
-            .slot
-            .finish_with(|| local::insert(&t.identity, &t.name, shared))
-        {
-            // Given up while the row was written: let go at once.
-            if let Release::RowLocked = self.record_and_unlock(&t, generation).await {
-                let (reply, _) = std::sync::mpsc::sync_channel(1);
-                self.record_later(t, generation, reply);
-            }
-            return;
-        }
-        self.next = self
-            .next
-            .min(tokio::time::Instant::now() + confirmed.interval());
-        self.members.insert(
-            t.key,
-            Member {
-                target: t,
-                generation,
-                confirmed,
-                shared: weak,
-            },
-        );
-    }
-
-    /// The in-use error for a lock another session holds, as the
-    /// acquisition's own connection would have answered it; `None` when
-    /// this process holds it (on a connection of its own, through another
-    /// spelling of the server) or the session did not answer in time.
-    async fn in_use(&self, t: &Target, started: Instant) -> Option<Error> {
-        let ask = lock_holder(&self.conn.client, t);
-        let holder = tokio::time::timeout(HEARTBEAT_DEADLINE, ask)
-            .await
-            .ok()?
-            .ok()?;
-        let server = self.conn.server.as_deref();
-        if holder.is_some_and(|h| local::holds_backend(&t.name, (server, h.backend_pid as i32))) {
-            return None;
-        }
-        let c = tokio::time::timeout(HEARTBEAT_DEADLINE, contention(&self.conn, t, started))
-            .await
-            .ok()?;
-        Some(Error::InUse(Box::new(c)))
-    }
-
-    /// The last release of a lease here: its row says released, then the
-    /// lock goes, in one round trip; a row lock held by a fencing
-    /// transaction is waited out on a connection of its own.
-    async fn leave(&mut self, key: i64, generation: i64, reply: SyncSender<Result<()>>) {
-        // Only the lease this release is of: one lost before may have left
-        // its key to a newer lease here.
-        if self
-            .members
-            .get(&key)
-            .is_none_or(|m| m.generation != generation)
-        {
-            // Lost already: its lock was given back, or goes with the
-            // session.
-            let _ = reply.send(Ok(()));
-            return;
-        }
-        let Some(m) = self.members.remove(&key) else {
-            return;
-        };
-        match self.record_and_unlock(&m.target, m.generation).await {
-            Release::Done(r) => {
-                let _ = reply.send(r);
-            }
-            Release::RowLocked => self.record_later(m.target, m.generation, reply),
-        }
-    }
-
-    /// Write a release's row on a side connection, the lock kept meanwhile,
-    /// and unlock (then answer) once it is written.
-    fn record_later(&mut self, t: Arc<Target>, generation: i64, reply: SyncSender<Result<()>>) {
-        let key = t.key;
-        self.recording.insert(key);
-        let tx = self.tx.clone();
-        tokio::spawn(async move {
-            let r = record_alone(&t, generation).await;
-            let _ = tx.send(Cmd::Recorded(Box::new((t, key, r)), reply));
-        });
-    }
-
-    async fn record_and_unlock(&mut self, t: &Target, generation: i64) -> Release {
-        let c = &self.conn.client;
-        // A lease here came from a try, which prepared the statements.
-        let answered = match &self.prepared {
-            Some(p) => {
-                type Param<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync);
-                let params: [Param; 2] = [&t.name, &generation];
-                let record = c.query(&p.release, &params);
-                let unlock_params: [Param; 3] = [&t.key, &t.name, &generation];
-                let unlocked = c.query(&p.unlock, &unlock_params);
-                tokio::time::timeout(HEARTBEAT_DEADLINE, in_order(record, unlocked)).await
-            }
-            None => {
-                let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 2] =
-                    [(&t.name, Type::TEXT), (&generation, Type::INT8)];
-                let record = c.query_typed(UPDATE_RELEASED, &params);
-                let unlock_params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 3] = [
-                    (&t.key, Type::INT8),
-                    (&t.name, Type::TEXT),
-                    (&generation, Type::INT8),
-                ];
-                let unlocked = c.query_typed(UNLOCK_IF_RECORDED, &unlock_params);
-                tokio::time::timeout(HEARTBEAT_DEADLINE, in_order(record, unlocked)).await
-            }
-        };
-        if matches!(&answered, Ok((Err(_), _) | (_, Err(_)))) {
-            // Prepared again on the next try (a proxy may have deallocated
-            // them, a table altered since fails their plan).
-            self.prepared = None;
-        }
-        match answered {
-            Ok((Ok(_), Ok(rows))) if rows.len() == 1 => Release::Done(Ok(())),
-            Ok((Err(e), _)) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
-                Release::RowLocked
-            }
-            Ok((recorded, _)) => {
-                // Not recorded (the row was deleted, a statement failed):
-                // the lock goes all the same.
-                let unlocked = self.unlock(t, t.key).await;
-                Release::Done(match recorded {
-                    Err(e) => Err(pg_error(t, "release", &e)),
-                    Ok(_) => unlocked,
-                })
-            }
-            Err(_) => {
-                self.held.entry(t.key).or_insert(None);
-                Release::Done(Err(io_error(
-                    t,
-                    "release",
-                    format!(
-                        "no answer from the server within {}s; the server ends the session, \
-                         and frees the lock, when it notices",
-                        HEARTBEAT_DEADLINE.as_secs()
-                    ),
-                )))
-            }
-        }
-    }
-}
-
-enum Release {
-    Done(Result<()>),
-    /// A fencing transaction holds the row: nothing changed yet.
-    RowLocked,
-}
-
-/// Record a release on a connection of its own, waiting out the fencing
-/// transaction as long as an acquisition's own session would.
-async fn record_alone(t: &Target, generation: i64) -> Result<()> {
-    let conn = match tokio::time::timeout(CONNECT_TIMEOUT, open(t, None)).await {
-        Ok(c) => c?,
-        Err(_) => {
-            return Err(io_error(
-                t,
-                "release",
-                "the server did not answer a connection to record the release in time",
-            ))
-        }
-    };
-    let limit =
-        Duration::from_millis(ROW_LOCK_TIMEOUT.parse::<u64>().unwrap_or(5000)) + HEARTBEAT_DEADLINE;
-    let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 2] =
-        [(&t.name, Type::TEXT), (&generation, Type::INT8)];
-    let r = tokio::time::timeout(limit, conn.client.query_typed(UPDATE_RELEASED, &params)).await;
-    conn.close().await;
-    match r {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err(e)) => Err(pg_error(t, "update", &e)),
-        Err(_) => Err(io_error(
-            t,
-            "release",
-            format!("no answer from the server within {}s", limit.as_secs()),
-        )),
     }
 }
 
