@@ -13,7 +13,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use sidelease::elector::Elector;
+use sidelease::elector::{Elector, Event};
 use sidelease::{ErrorKind, Lease, Options, Wait};
 
 mod common;
@@ -124,17 +124,32 @@ fn child_apart() {
                 }
             }
             "elect" => {
+                // Campaigning, told who holds it (the server's answer, not
+                // a pause that a slow machine could pass unanswered); or
+                // elected.
                 let e = Arc::new(Elector::new(url, &Options::new()).unwrap());
+                let (tx, rx) = std::sync::mpsc::channel();
+                let waiting = std::sync::Mutex::new(tx.clone());
+                e.on_event(move |ev| {
+                    if let Event::Waiting(c) = ev {
+                        let pid = c.holder.as_ref().and_then(|r| r.pid);
+                        let _ = waiting
+                            .lock()
+                            .unwrap()
+                            .send(format!("CAMPAIGNING, held by {pid:?}"));
+                    }
+                });
                 let c = e.clone();
-                let campaign = std::thread::spawn(move || c.campaign().map(|t| t.is_some()));
-                std::thread::sleep(Duration::from_millis(1500));
-                if campaign.is_finished() {
-                    format!("ELECTED {:?}", campaign.join().unwrap())
-                } else {
-                    e.stop();
-                    let _ = campaign.join();
-                    "CAMPAIGNING".to_owned()
-                }
+                let campaign = std::thread::spawn(move || {
+                    let elected = c.campaign().map(|t| t.is_some());
+                    let _ = tx.send(format!("ELECTED {elected:?}"));
+                });
+                let said = rx
+                    .recv_timeout(Duration::from_secs(20))
+                    .unwrap_or_else(|_| "SILENT".into());
+                e.stop();
+                let _ = campaign.join();
+                said
             }
             _ => panic!("{line}"),
         };
@@ -173,7 +188,7 @@ impl Holder {
             let n = self.from.read_line(&mut line).unwrap();
             assert!(n > 0, "the child ended");
             let line = line.trim_end();
-            if ["HELD", "GOT", "REFUSED", "ELECTED", "CAMPAIGNING"]
+            if ["HELD", "GOT", "REFUSED", "ELECTED", "CAMPAIGNING", "SILENT"]
                 .iter()
                 .any(|w| line.starts_with(w))
             {
@@ -231,7 +246,9 @@ fn apart(s1: &NsServer, s2: &NsServer, query: &str, how: &str) -> String {
     let said = a.ask(how, &url(s2));
     // B still holds it, on its own backend.
     assert_eq!(s2.holder(&name), Some(p), "{said}");
-    said.replace(&format!("leased by pid {} ", b.child.id()), "leased by B ")
+    let b = b.child.id();
+    said.replace(&format!("leased by pid {b} "), "leased by B ")
+        .replace(&format!("held by Some({b})"), "held by B")
 }
 
 #[test]
@@ -245,15 +262,16 @@ fn a_lease_on_one_server_is_never_taken_for_the_same_name_on_another() {
         assert!(said.starts_with("REFUSED Timeout"), "{query}: {said}");
         assert!(said.contains("leased by B "), "{query}: {said}");
         let said = apart(&s1, &s2, query, "elect");
-        assert_eq!(said, "CAMPAIGNING", "{query}");
+        assert_eq!(said, "CAMPAIGNING, held by B", "{query}");
     }
 }
 
 /// A server that will not say which it is (`pg_control_system()` revoked,
 /// as a hardened one may): "unknown" is not "the same server", so a lease
 /// this process holds there is not shared with an acquisition through
-/// another spelling of it. That one is refused, naming this process (on a
-/// server that says, the two share: postgres.rs).
+/// another spelling of it. That one is refused, naming this process, or
+/// waits on it until its timeout (on a server that says, the two share:
+/// postgres.rs).
 #[test]
 fn a_server_that_will_not_say_which_it_is_shares_nothing_across_spellings() {
     let s = NsServer::start();
@@ -268,5 +286,9 @@ fn a_server_that_will_not_say_which_it_is_shares_nothing_across_spellings() {
             .contains(&format!("leased by pid {} ", std::process::id())),
         "{e}"
     );
+    // Waiting, it waits on its own lease until its timeout.
+    let wait = Options::new().wait(Wait::Timeout(Duration::from_millis(500)));
+    let e = Lease::acquire(format!("{other}?lease={name}"), &wait).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
     held.release().unwrap();
 }

@@ -141,9 +141,9 @@ pub(crate) const SESSION_SETTINGS: &str = "SET statement_timeout = 0; SET lock_t
 /// `pg_control_system()`: the statement then fails on its own (the
 /// server checks the privilege before it runs any of it), and no lock on
 /// that server is taken for one of ours.
-pub(crate) const SERVER_IDENTITY: &str = "SELECT concat_ws('/', system_identifier, \
-     extract(epoch FROM pg_postmaster_start_time()), \
-     (SELECT oid FROM pg_database WHERE datname = current_database())) \
+pub(crate) const SERVER_IDENTITY: &str = "SELECT pg_catalog.concat_ws('/', system_identifier, \
+     EXTRACT(epoch FROM pg_catalog.pg_postmaster_start_time()), \
+     (SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database())) \
      FROM pg_catalog.pg_control_system()";
 
 /// What a statement that matters checks, in the same statement, so it runs
