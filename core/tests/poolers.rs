@@ -135,3 +135,74 @@ fn a_transaction_pooler_never_gives_two_holders_under_contention() {
     }
     assert_eq!(server_locks(&n), 0);
 }
+
+/// A session-mode pool of one server connection: the pooler probe's second
+/// connection gets no server session while the lease's connection holds
+/// the only one, and that must not cost the lease (it took 6 to 9 s and
+/// failed, before). A pool of two with both connections held by leases: a
+/// third acquisition waits for one as long as its caller said, no more, and
+/// gets it once one is let go.
+#[test]
+fn small_session_pools_give_the_lease_and_bound_the_wait_for_a_connection() {
+    use sidelease::Wait;
+    use std::time::Instant;
+    for session in SESSIONS {
+        for wait in [Wait::NoWait, Wait::Timeout(Duration::from_secs(3))] {
+            let n = name();
+            let url = via("SIDELEASE_TEST_PGBOUNCER_SESSION1", &n) + session;
+            let t = Instant::now();
+            let lease = Lease::acquire(&url, &Options::new().wait(wait))
+                .unwrap_or_else(|e| panic!("{session} {wait:?}: {e}"));
+            // Within the probe's wait and a shared session's linger (1 s,
+            // its connection the pool's only one) of the case before.
+            assert!(
+                t.elapsed() < Duration::from_millis(2500),
+                "{session} {wait:?}: {:?}",
+                t.elapsed()
+            );
+            assert_eq!(server_locks(&n), 1);
+            lease.ensure_held().unwrap();
+            lease.release().unwrap();
+            assert_eq!(server_locks(&n), 0);
+        }
+    }
+    // A pool of two, both its server connections held by leases of their
+    // own; a third lease (on the shared session, the default) waits for
+    // one no longer than its caller said, and for all of that: past the
+    // 5 s a connection is given before it is tried again.
+    let own = |n: &str| via("SIDELEASE_TEST_PGBOUNCER_SESSION2", n) + "&session=own";
+    let (a, b, c) = (name(), name(), name());
+    let first = Lease::acquire(own(&a), &Options::new()).unwrap();
+    let second = Lease::acquire(own(&b), &Options::new()).unwrap();
+    let third = via("SIDELEASE_TEST_PGBOUNCER_SESSION2", &c);
+    let t = Instant::now();
+    let e = Lease::acquire(
+        &third,
+        &Options::new().wait(Wait::Timeout(Duration::from_secs(1))),
+    )
+    .unwrap_err();
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_millis(1800),
+        "{took:?}: {e}"
+    );
+    assert!(e.to_string().contains("1.0s"), "the caller's figure: {e}");
+    let letting_go = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(6000));
+        first.release().unwrap();
+    });
+    let t = Instant::now();
+    let got = Lease::acquire(
+        &third,
+        &Options::new().wait(Wait::Timeout(Duration::from_secs(20))),
+    )
+    .unwrap_or_else(|e| panic!("a third lease once a connection was let go: {e}"));
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_millis(5500) && took < Duration::from_secs(10),
+        "{took:?}"
+    );
+    letting_go.join().unwrap();
+    got.release().unwrap();
+    second.release().unwrap();
+}

@@ -21,6 +21,9 @@ use crate::error::{Error, Result};
 use crate::platform::process;
 
 pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the pooler probe's statement waits for a server session (see
+/// [`probe`]): a free one comes within a round trip or two.
+pub(crate) const PROBE_WAIT: Duration = Duration::from_millis(250);
 
 /// Why a connection or a statement given `patience` ended unanswered: the
 /// server's silence, or, when the patience was what was left of the
@@ -382,15 +385,33 @@ async fn startup(
 /// pool never does. Asked only when something sits between this process
 /// and the server (the server does not see this connection's address as
 /// its client's).
+///
+/// A pool that gives the probe no server session within [`PROBE_WAIT`]
+/// keeps this connection's for it: a transaction or statement pool holds
+/// no server session for an idle client, so it gives one (this one's, the
+/// most recently used, first) at once whenever one is free. A session pool
+/// of one (or one as full as its clients) gives none until a client leaves,
+/// and must not cost the lease. Should every server session of a
+/// transaction pool be busy for all that time, the guards in each
+/// statement still catch it (the session's value, no advisory lock it did
+/// not take, the heartbeat's backend PID).
 pub(crate) async fn probe(target: &Target, conn: &Conn, pid: i32) -> Result<()> {
     let other = open_bare(target, "sidelease pooler probe").await?;
-    let rows = other
-        .client
-        .query_typed(
-            "SELECT pg_backend_pid(), current_setting('sidelease.session', true) IS NOT DISTINCT FROM $1",
-            &[(&conn.session, Type::TEXT)],
-        )
-        .await;
+    let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 1] =
+        [(&conn.session, Type::TEXT)];
+    let ask = other.client.query_typed(
+        "SELECT pg_backend_pid(), current_setting('sidelease.session', true) IS NOT DISTINCT FROM $1",
+        &params,
+    );
+    let rows = match tokio::time::timeout(PROBE_WAIT, ask).await {
+        Ok(rows) => rows,
+        Err(_) => {
+            // Closed at once: the pooler drops the queued statement with
+            // the client.
+            other.task.abort();
+            return Ok(());
+        }
+    };
     other.close().await;
     let rows = rows.map_err(|e| pg_error(target, "query", &e))?;
     let (p, same): (i32, bool) = rows.first().map_or((0, false), |r| (r.get(0), r.get(1)));

@@ -153,9 +153,11 @@ impl Run {
             self.prepared = None;
             self.probed = false;
             let patience = self.patience();
+            let mut unanswered = false;
             let opened = tokio::time::timeout(patience, open(&self.target, None))
                 .await
                 .unwrap_or_else(|_| {
+                    unanswered = true;
                     Err(io_error(
                         &self.target,
                         "connect",
@@ -165,7 +167,14 @@ impl Run {
             let conn = match opened {
                 Ok(c) => c,
                 Err(e) => {
-                    if connected_once && self.opts.wait != Wait::NoWait && self.time_left() {
+                    // A refusal the first time is the answer (a wrong
+                    // address, password, database); a connection not
+                    // answered within its bound may be waiting for a
+                    // pooler's server session to come free, so it is asked
+                    // again while the caller's wait lasts, as after a
+                    // connection that broke.
+                    let again = connected_once || unanswered;
+                    if again && self.opts.wait != Wait::NoWait && self.time_left() {
                         if self.pause().await {
                             continue;
                         }

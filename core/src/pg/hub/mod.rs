@@ -110,6 +110,15 @@ impl TryReq {
         }
     }
 
+    /// Whether the caller's wait lasts beyond now.
+    fn waits_on(&self) -> bool {
+        match self.opts.wait {
+            Wait::NoWait => false,
+            Wait::Timeout(d) => self.started.elapsed() < d,
+            Wait::Forever => true,
+        }
+    }
+
     /// How long connecting may take: the caller's time left when that is
     /// shorter than `CONNECT_TIMEOUT`.
     fn patience(&self) -> Duration {
@@ -255,12 +264,20 @@ async fn run(first: Arc<Target>, tx: UnboundedSender<Cmd>, mut rx: UnboundedRece
             queued.into_iter().for_each(|q| q.alone());
             return drain(&server, &tx, rx);
         }
-        Err(_) => {
+        // Unanswered: an acquisition that may wait longer goes on alone,
+        // asking again while its wait lasts (a pooler's server session may
+        // come free); one that may not reports it.
+        Err(_) if !req.waits_on() => {
             req.slot.finish(Err(io_error(
                 &first,
                 "connect",
                 super::conn::unanswered(req.opts.wait, patience),
             )));
+            queued.into_iter().for_each(|q| q.alone());
+            return drain(&server, &tx, rx);
+        }
+        Err(_) => {
+            req.alone();
             queued.into_iter().for_each(|q| q.alone());
             return drain(&server, &tx, rx);
         }
