@@ -373,10 +373,15 @@ def targets(r: Dict[str, Any]) -> List[Tuple[str, str, str]]:
     for kind, bound, shown in (("file", 5e6, "5 ms"), ("PostgreSQL", 1e9, "1 s"),
                                ("PostgreSQL, confirm_within=300", 1e9, "1 s")):
         lead, hold = f[f"{kind}: sidelease lead"], f[f"{kind}: sidelease hold"]
-        rows.append((f"failover, SIGKILL of the leader → the next one's command runs, {kind} target: median ≤ {shown}",
+        ratio = lead["median_ns"] / hold["median_ns"]
+        # On PostgreSQL the killed leader on this host is provably gone, so
+        # no fence is waited out: the target is a ratio to a plain waiter
+        # in the same run (issue 37), not the bound.
+        target = f"median ≤ {shown}" if kind == "file" else "median ≤ 3× a plain `hold` waiter's"
+        rows.append((f"failover, SIGKILL of the leader → the next one's command runs, {kind} target: {target}",
                      f"{lead['median_ns'] / 1e6:.1f} ms (p99 {lead['p99_ns'] / 1e6:.1f} ms; a plain `hold` waiter "
-                     f"{hold['median_ns'] / 1e6:.1f} ms, {lead['median_ns'] / hold['median_ns']:.2f}×)",
-                     verdict(lead["median_ns"] <= bound)))
+                     f"{hold['median_ns'] / 1e6:.1f} ms, {ratio:.2f}×)",
+                     verdict(lead["median_ns"] <= bound if kind == "file" else ratio <= 3)))
         re_ = f[f"{kind}: sidelease rust elector"]
         rows.append((f"failover, SIGKILL of the leader → the next one's work runs, the core's Elector (Rust), {kind} target: "
                      f"median ≤ {shown}", f"{re_['median_ns'] / 1e6:.2f} ms (p99 {re_['p99_ns'] / 1e6:.2f} ms)",

@@ -92,8 +92,9 @@ fn a_killed_leader_on_postgresql_is_succeeded_and_two_never_lead() {
     // once both the killed lead and its command (ended with it) are gone,
     // and a campaigner waiting in pg_advisory_lock on a connection of its
     // own is granted the lock.
-    // Each successor waits out the bound (a crash looks like a terminate):
-    // a short one keeps the test short.
+    // A killed leader on this host has provably ended: its successor does
+    // not wait out its bound (issue 37). The portable platform cannot prove
+    // it, and waits (a short bound keeps the test short).
     let name = common::unique("lead");
     let target = format!(
         "{}?lease={name}&confirm_within=300",
@@ -101,10 +102,17 @@ fn a_killed_leader_on_postgresql_is_succeeded_and_two_never_lead() {
     );
     let d = tempfile::tempdir().unwrap();
     let (crowd, now, failover) = kill_leaders(d.path(), &target, 3, 20, Duration::from_secs(10));
-    assert!(
-        failover[0] >= Duration::from_millis(300),
-        "the bound was waited out: {failover:?}"
-    );
+    if cfg!(feature = "portable") {
+        assert!(
+            failover[0] >= Duration::from_millis(300),
+            "the bound was waited out: {failover:?}"
+        );
+    } else {
+        assert!(
+            failover[10] < Duration::from_millis(300),
+            "no bound waited out after a SIGKILL: {failover:?}"
+        );
+    }
     eprintln!(
         "lead (PostgreSQL): failover after SIGKILL, 20 times: median {:?}, max {:?}",
         failover[10], failover[19]

@@ -90,7 +90,8 @@ fn a_successor_waits_out_its_predecessors_bound_not_its_own() {
 }
 
 /// A plain holder that took the lease after the predecessor's session was
-/// ended and released it at once hides nothing: the fence passes on.
+/// ended and released it at once hides nothing: the fence passes on while
+/// the predecessor runs.
 #[test]
 fn a_clean_release_in_between_passes_the_fence_on() {
     let name = unique("carry");
@@ -105,12 +106,14 @@ fn a_clean_release_in_between_passes_the_fence_on() {
     assert_eq!(between.previous_released_cleanly(), Some(false));
     assert!(between.predecessor_bound() > Some(Duration::from_millis(1000)));
     between.release().unwrap();
-    let _ = child.kill();
-    let _ = child.wait();
+    // The predecessor still runs (its session ended under it): its fence
+    // stands through the clean holder.
     let e = Elector::new(url(&name, 300), &Options::new()).unwrap();
     let term = e.campaign().unwrap().expect("elected");
     let began = ended.elapsed();
     term.step_down(Outcome::Returned);
+    let _ = child.kill();
+    let _ = child.wait();
     assert!(
         began >= Duration::from_millis(2000) && began < Duration::from_millis(3500),
         "after a predecessor with a 2 s bound and a clean holder between: began {began:?} after"
@@ -124,4 +127,56 @@ fn a_clean_release_in_between_passes_the_fence_on() {
         t.elapsed()
     );
     term.step_down(Outcome::Returned);
+}
+
+/// A predecessor SIGKILLed on this host has provably ended (its PID a
+/// zombie, then no process): its successor does not wait out its bound,
+/// which the tests above keep for a predecessor still running. A plain
+/// holder is told there is nothing to wait for, and an elector's term
+/// begins as soon as the server frees the lock.
+#[test]
+fn a_killed_predecessor_on_this_host_costs_no_fence() {
+    let name = unique("killed");
+    let mut child = holder(&url(&name, 3000));
+    let e = Arc::new(Elector::new(url(&name, 300), &Options::new()).unwrap());
+    let c = e.clone();
+    let campaign = std::thread::spawn(move || {
+        let term = c.campaign().unwrap().expect("elected");
+        (Instant::now(), term)
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!campaign.is_finished(), "elected while the child holds");
+    let killed = Instant::now();
+    child.kill().unwrap();
+    // Not reaped until the term began: a zombie counts as ended.
+    let (began, term) = campaign.join().unwrap();
+    let took = began - killed;
+    let _ = child.wait();
+    // The portable platform sees no PID namespace or start time to prove
+    // it by: the fence is kept there.
+    if cfg!(feature = "portable") {
+        assert!(took >= Duration::from_millis(2900), "{took:?}");
+        term.step_down(Outcome::Returned);
+        return;
+    }
+    assert!(
+        took < Duration::from_millis(1500),
+        "a killed predecessor with a 3 s bound: began {took:?} after"
+    );
+    assert_eq!(term.lease().predecessor_bound(), None);
+    term.step_down(Outcome::Returned);
+
+    // The same for a plain holder, the predecessor reaped; the row carries
+    // the first predecessor's fence too (a crash loop), whose holder ended.
+    let mut child = holder(&url(&name, 3000));
+    child.kill().unwrap();
+    let _ = child.wait();
+    let l = Lease::acquire(
+        url(&name, 300),
+        &Options::new().wait(Wait::Timeout(Duration::from_secs(5))),
+    )
+    .unwrap();
+    assert_eq!(l.previous_released_cleanly(), Some(false));
+    assert_eq!(l.predecessor_bound(), None);
+    l.release().unwrap();
 }

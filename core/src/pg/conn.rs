@@ -635,41 +635,52 @@ pub(crate) async fn release_within(c: &Client, t: &Target, generation: i64) -> R
 
 /// The start of both holder-row writes (a lease's own session's, the
 /// shared session's): the server's clock in milliseconds, and the previous
-/// row's generation, record and release (`prev`), with its fence: until
-/// when a previous holder whose lock was taken from it may still believe
-/// it holds the lease, on the server's clock. A holder that did not release
-/// is given its bound (`confirm_within_ms` in its record; 4 s, the largest,
+/// row's generation, record and release (`prev`), with its fences: until
+/// when a holder whose lock was taken from it may still believe it holds
+/// the lease, on the server's clock, and who that holder was (its PID,
+/// start time, boot and PID namespace, from its record, so a successor on
+/// its host can tell it ended). A previous holder that did not release is
+/// given its bound (`confirm_within_ms` in its record; 4 s, the largest,
 /// when it does not say) from now, 2 ms more for its millisecond rounding;
-/// a fence a row carries (`fence_until_ms`) stands through clean releases,
-/// so a short holder in between hides none. At most 4 s from now, whatever
-/// a row says. `$1` is the name.
+/// the fences a row carries stand, while they lie ahead, through clean
+/// releases and through holders that ended, so no holder in between hides
+/// one. `fence` is the latest of them, at most 4 s from now whatever a row
+/// says. `$1` is the name.
 const ROW_PREVIOUS: &str = "WITH clock AS (SELECT \
          floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms), \
      prev AS (SELECT generation, holder::text AS holder, \
          to_char(released_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"') AS released_at, \
-         LEAST((SELECT ms FROM clock) + 4002, GREATEST( \
-             CASE WHEN jsonb_typeof(holder->'fence_until_ms') = 'number' \
-                  THEN LEAST((holder->>'fence_until_ms')::numeric, 1e15) ELSE 0 END, \
-             CASE WHEN released_at IS NOT NULL THEN 0 \
-                  ELSE (SELECT ms FROM clock) + 2 + \
-                       CASE WHEN jsonb_typeof(holder->'confirm_within_ms') = 'number' \
-                            THEN LEAST(GREATEST((holder->>'confirm_within_ms')::numeric, 100), 4000) \
-                            ELSE 4000 END END))::bigint AS fence \
+         (SELECT COALESCE(jsonb_agg(f), '[]'::jsonb) FROM jsonb_array_elements( \
+              CASE WHEN jsonb_typeof(holder->'fences') = 'array' THEN holder->'fences' ELSE '[]'::jsonb END) f \
+           WHERE jsonb_typeof(f->'until') = 'number' AND (f->>'until')::numeric > (SELECT ms FROM clock)) \
+         || CASE WHEN released_at IS NOT NULL THEN '[]'::jsonb \
+            ELSE jsonb_build_array(jsonb_build_object('until', (SELECT ms FROM clock) + 2 + \
+                CASE WHEN jsonb_typeof(holder->'confirm_within_ms') = 'number' \
+                     THEN LEAST(GREATEST((holder->>'confirm_within_ms')::numeric, 100), 4000) \
+                     ELSE 4000 END, \
+                'pid', holder->'pid', 'proc_start', holder->'proc_start', \
+                'boot_id', holder->'boot_id', 'pid_ns', holder->'pid_ns')) END AS fences \
          FROM sidelease_leases WHERE name = $1), \
-     fence AS (SELECT COALESCE((SELECT fence FROM prev), 0) AS until) ";
+     fences AS (SELECT COALESCE((SELECT fences FROM prev), '[]'::jsonb) AS list), \
+     fence AS (SELECT LEAST((SELECT ms FROM clock) + 4002, COALESCE((SELECT max((f->>'until')::numeric) \
+         FROM jsonb_array_elements((SELECT list FROM fences)) f), 0))::bigint AS until) ";
 
 /// The record a holder-row write stores: the holder's (`$3`), with the
-/// fence it found while that lies ahead.
-const ROW_HOLDER: &str = "$3::jsonb || CASE WHEN (SELECT until FROM fence) > \
-     (SELECT ms FROM clock) THEN jsonb_build_object('fence_until_ms', (SELECT until FROM fence)) \
-     ELSE '{}'::jsonb END";
+/// fences it found, which lie ahead.
+const ROW_HOLDER: &str =
+    "$3::jsonb || CASE WHEN jsonb_array_length((SELECT list FROM fences)) > 0 \
+     THEN jsonb_build_object('fences', (SELECT list FROM fences)) ELSE '{}'::jsonb END";
 
 /// What a holder-row write returns: the generation, the previous row's
-/// generation, record and release, the server backend, and how many
-/// milliseconds of the fence are left.
+/// generation, record and release, the server backend, how many
+/// milliseconds of the fence are left, and each fence with the
+/// milliseconds left of it (`left`, at most 4 s) and who it is for.
 const ROW_RETURNING: &str = "RETURNING t.generation, (SELECT generation FROM prev), \
      (SELECT holder FROM prev), (SELECT released_at FROM prev), pg_backend_pid(), \
-     GREATEST((SELECT until FROM fence) - (SELECT ms FROM clock), 0)";
+     GREATEST((SELECT until FROM fence) - (SELECT ms FROM clock), 0), \
+     (SELECT COALESCE(jsonb_agg(f || jsonb_build_object('left', GREATEST(LEAST( \
+         (f->>'until')::numeric - (SELECT ms FROM clock), 4002), 0))), '[]'::jsonb)::text \
+      FROM jsonb_array_elements((SELECT list FROM fences)) f)";
 
 /// The holder-row write: the generation grows (the fencing token), and the
 /// previous holder's record and the fence left come back. `$1` the name,

@@ -19,6 +19,8 @@ mod confirm;
 #[cfg(feature = "postgres")]
 mod conn;
 #[cfg(feature = "postgres")]
+mod fence;
+#[cfg(feature = "postgres")]
 mod held;
 #[cfg(feature = "postgres")]
 mod hub;

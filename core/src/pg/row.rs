@@ -23,7 +23,8 @@ pub(crate) struct Written {
     /// The server backend that wrote it.
     pub backend: i32,
     /// How long a previous holder whose lock was taken from it may still
-    /// believe it holds the lease, from when the row was written.
+    /// believe it holds the lease, from when the row was written: the
+    /// server's count, or zero when that holder provably ended (`fence`).
     pub fence: Duration,
 }
 
@@ -33,11 +34,16 @@ impl Written {
     pub(crate) fn of(
         row: &tokio_postgres::Row,
     ) -> std::result::Result<Written, tokio_postgres::Error> {
+        let server = Duration::from_millis(row.try_get::<_, i64>(5)?.max(0) as u64);
+        let fences: Option<String> = row.try_get(6)?;
         Ok(Written {
             generation: row.try_get(0)?,
             previous: previous_of(row.try_get(1)?, row.try_get(2)?, row.try_get(3)?),
             backend: row.try_get(4)?,
-            fence: Duration::from_millis(row.try_get::<_, i64>(5)?.max(0) as u64),
+            fence: match server.is_zero() {
+                true => server,
+                false => super::fence::left(fences.as_deref(), server),
+            },
         })
     }
 }

@@ -92,6 +92,55 @@ pub fn start_time(pid: u32) -> Option<u64> {
     parse_start_time(&stat)
 }
 
+/// Whether the process `pid` that started at `start` (clock ticks since
+/// boot) has ended: `Some(true)` when no process has that PID, or when
+/// every thread of it is exiting or exited (a zombie its parent has not
+/// reaped); `Some(false)` while a thread of it runs. `None` when that cannot
+/// be told: the PID names a process that started at another time (reused),
+/// or `/proc` would not say. Exiting counts as ended: a thread the kernel
+/// marked exiting (`PF_EXITING`, set before it closes its files, so before
+/// a server sees its connections end) never runs its program again.
+pub fn exited(pid: u32, start: u64) -> Option<bool> {
+    // PF_EXITING, include/linux/sched.h.
+    const EXITING: u64 = 0x4;
+    let leader = match std::fs::read(format!("/proc/{pid}/task/{pid}/stat")) {
+        Ok(stat) => stat,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return (alive(pid) == Some(false)).then_some(true)
+        }
+        Err(_) => return None,
+    };
+    if parse_start_time(&leader)? != start {
+        return None;
+    }
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    for task in tasks {
+        let stat = match std::fs::read(task.ok()?.path().join("stat")) {
+            Ok(s) => s,
+            // That thread is gone already.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(_) => return None,
+        };
+        let (state, flags) = parse_state_and_flags(&stat)?;
+        if !matches!(state, b'Z' | b'X') && flags & EXITING == 0 {
+            return Some(false);
+        }
+    }
+    Some(true)
+}
+
+/// A task's state letter (field 3) and kernel flags (field 9) from its
+/// `stat`, counted from the last `)` as `parse_start_time` does.
+fn parse_state_and_flags(stat: &[u8]) -> Option<(u8, u64)> {
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    let rest = std::str::from_utf8(&stat[close + 1..]).ok()?;
+    let mut fields = rest.split_ascii_whitespace();
+    let state = *fields.next()?.as_bytes().first()?;
+    // Fields 4 to 8, then 9.
+    let flags = fields.nth(5)?.parse().ok()?;
+    Some((state, flags))
+}
+
 /// The command name (field 2) may hold spaces and parentheses, so fields are
 /// counted from the last `)`.
 pub fn parse_start_time(stat: &[u8]) -> Option<u64> {

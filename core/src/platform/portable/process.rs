@@ -41,6 +41,13 @@ pub fn start_time(_pid: u32) -> Option<u64> {
     None
 }
 
+/// Whether the process `pid` has ended: `Some(true)` when no process has
+/// that PID; otherwise unknown (no start time to tell a reused PID by, no
+/// zombie to see).
+pub fn exited(pid: u32, _start: u64) -> Option<bool> {
+    (alive(pid) == Some(false)).then_some(true)
+}
+
 pub fn credentials(_pid: u32) -> Option<Credentials> {
     None
 }
