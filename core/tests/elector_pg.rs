@@ -180,3 +180,33 @@ fn a_killed_predecessor_on_this_host_costs_no_fence() {
     assert_eq!(l.predecessor_bound(), None);
     l.release().unwrap();
 }
+
+/// A row an earlier version wrote carries its fence as `fence_until_ms`,
+/// for no one in particular: it stands (nothing proves its holder gone),
+/// and the row written over it carries it on both ways.
+#[test]
+fn a_fence_in_an_earlier_versions_row_stands() {
+    let name = unique("legacy");
+    Lease::acquire(url(&name, 300), &Options::new())
+        .unwrap()
+        .release()
+        .unwrap();
+    common::psql(&format!(
+        "UPDATE sidelease_leases SET holder = holder - 'fences' || jsonb_build_object('fence_until_ms', \
+         floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint + 2000) WHERE name = '{name}'"
+    ));
+    let l = Lease::acquire(url(&name, 300), &Options::new()).unwrap();
+    let left = l
+        .predecessor_bound()
+        .expect("the earlier version's fence stands");
+    assert!(
+        left > Duration::from_millis(1500) && left <= Duration::from_millis(2000),
+        "{left:?}"
+    );
+    l.release().unwrap();
+    let row = common::psql(&format!(
+        "SELECT jsonb_array_length(holder->'fences'), (holder->'fence_until_ms') IS NOT NULL \
+         FROM sidelease_leases WHERE name = '{name}'"
+    ));
+    assert_eq!(row, "1|t", "carried on as a list and as fence_until_ms");
+}

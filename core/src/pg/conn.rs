@@ -194,16 +194,33 @@ pub(crate) fn application_name(target: &Target) -> String {
 }
 
 pub(crate) async fn open(target: &Target, app: Option<String>) -> Result<Conn> {
-    open_with(target, app, true).await
+    open_with(target, app, true, None).await
+}
+
+/// `open`, bounded from outside (the caller's patience), telling through
+/// `started` whether the server (or a pooler) took the session: a
+/// connection that got that far and no answer since is waiting for a
+/// pooler's server session, and may be asked again while the caller waits;
+/// one that did not is unreachable, and is not.
+pub(crate) async fn open_tracked(
+    target: &Target,
+    started: &std::sync::atomic::AtomicBool,
+) -> Result<Conn> {
+    open_with(target, None, true, Some(started)).await
 }
 
 /// A connection without the lease session's settings (and without its
 /// `sidelease.session` value): the probe for a pooler.
 pub(crate) async fn open_bare(target: &Target, app: &str) -> Result<Conn> {
-    open_with(target, Some(app.to_owned()), false).await
+    open_with(target, Some(app.to_owned()), false, None).await
 }
 
-async fn open_with(target: &Target, app: Option<String>, settings: bool) -> Result<Conn> {
+async fn open_with(
+    target: &Target,
+    app: Option<String>,
+    settings: bool,
+    started: Option<&std::sync::atomic::AtomicBool>,
+) -> Result<Conn> {
     let mut cfg = target.config.clone();
     cfg.application_name(app.unwrap_or_else(|| application_name(target)));
     let timeout = cfg
@@ -243,6 +260,9 @@ async fn open_with(target: &Target, app: Option<String>, settings: bool) -> Resu
         }
         Err(f) => return Err(f.error),
     };
+    if let Some(s) = started {
+        s.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
     if settings {
         let setup = format!(
             "{SESSION_SETTINGS}; SET sidelease.session = '{}'",
@@ -264,7 +284,13 @@ async fn open_with(target: &Target, app: Option<String>, settings: bool) -> Resu
             });
             set.map(|()| id)
         };
-        match tokio::time::timeout(timeout, both).await {
+        // Bounded from outside when tracked (`open_tracked`): its caller
+        // tells this wait from an unreachable server by `started`.
+        let answered = match started {
+            Some(_) => Ok(both.await),
+            None => tokio::time::timeout(timeout, both).await,
+        };
+        match answered {
             Ok(Ok(id)) => conn.server = id,
             Ok(Err(e)) => return Err(pg_error(target, "connect", &e)),
             Err(_) => {
@@ -386,39 +412,74 @@ async fn startup(
 /// and the server (the server does not see this connection's address as
 /// its client's).
 ///
-/// A pool that gives the probe no server session within [`PROBE_WAIT`]
-/// keeps this connection's for it: a transaction or statement pool holds
-/// no server session for an idle client, so it gives one (this one's, the
-/// most recently used, first) at once whenever one is free. A session pool
-/// of one (or one as full as its clients) gives none until a client leaves,
-/// and must not cost the lease. Should every server session of a
-/// transaction pool be busy for all that time, the guards in each
-/// statement still catch it (the session's value, no advisory lock it did
-/// not take, the heartbeat's backend PID).
+/// A pool that gives the probe no server session within [`PROBE_WAIT`] is
+/// asked which it is through this connection, the probe still queued: a
+/// session pool keeps this connection's server session for it and answers
+/// at once (a pool of one, or one as full as its clients, must not cost
+/// the lease); a transaction or statement pool holds none for an idle
+/// client, so this statement queues behind the probe, which gets the next
+/// free server session first and is judged as above. Neither answering
+/// within the caller's patience is the pooler's error, saying so.
 pub(crate) async fn probe(target: &Target, conn: &Conn, pid: i32) -> Result<()> {
+    const SQL: &str =
+        "SELECT pg_backend_pid(), current_setting('sidelease.session', true) IS NOT DISTINCT FROM $1";
     let other = open_bare(target, "sidelease pooler probe").await?;
     let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 1] =
         [(&conn.session, Type::TEXT)];
-    let ask = other.client.query_typed(
-        "SELECT pg_backend_pid(), current_setting('sidelease.session', true) IS NOT DISTINCT FROM $1",
-        &params,
-    );
-    let rows = match tokio::time::timeout(PROBE_WAIT, ask).await {
-        Ok(rows) => rows,
-        Err(_) => {
-            // Closed at once: the pooler drops the queued statement with
-            // the client.
-            other.task.abort();
-            return Ok(());
+    let judge = |rows: std::result::Result<Vec<tokio_postgres::Row>, tokio_postgres::Error>| {
+        let rows = rows.map_err(|e| pg_error(target, "query", &e))?;
+        let (p, same): (i32, bool) = rows.first().map_or((0, false), |r| (r.get(0), r.get(1)));
+        if p == pid || same {
+            return Err(pooler(target, Pooled::SharedSession));
+        }
+        Ok(())
+    };
+    let (answer, starved) = {
+        let ask = other.client.query_typed(SQL, &params);
+        tokio::pin!(ask);
+        match tokio::time::timeout(PROBE_WAIT, &mut ask).await {
+            Ok(rows) => (Some(judge(rows)), false),
+            Err(_) => {
+                let mine = conn.client.query_typed(SQL, &params);
+                let answer = tokio::time::timeout(CONNECT_TIMEOUT, async {
+                    tokio::select! {
+                        // The probe first: queued first, it is the pool's next.
+                        biased;
+                        rows = &mut ask => judge(rows),
+                        rows = mine => match rows {
+                            Ok(r) if r.first().is_some_and(|r| {
+                                r.get::<_, i32>(0) == pid && r.get::<_, bool>(1)
+                            }) => Ok(()),
+                            // Answered from another server session: none is
+                            // kept for this connection.
+                            Ok(_) => Err(pooler(target, Pooled::SharedSession)),
+                            Err(e) => Err(pg_error(target, "query", &e)),
+                        },
+                    }
+                })
+                .await;
+                (answer.ok(), true)
+            }
         }
     };
-    other.close().await;
-    let rows = rows.map_err(|e| pg_error(target, "query", &e))?;
-    let (p, same): (i32, bool) = rows.first().map_or((0, false), |r| (r.get(0), r.get(1)));
-    if p == pid || same {
-        return Err(pooler(target, Pooled::SharedSession));
+    if starved {
+        // Closed at once: the pooler drops a queued statement with its
+        // client.
+        other.task.abort();
+    } else {
+        other.close().await;
     }
-    Ok(())
+    answer.unwrap_or_else(|| {
+        Err(io_error(
+            target,
+            "connect",
+            format!(
+                "a pooler sits between this process and the server, and neither a second \
+                 connection nor this one got a server session within {}: its pool has none free",
+                seconds(PROBE_WAIT + CONNECT_TIMEOUT)
+            ),
+        ))
+    })
 }
 
 /// Ask the server to cancel what the connection runs. A new connection
@@ -638,38 +699,54 @@ pub(crate) async fn release_within(c: &Client, t: &Target, generation: i64) -> R
 /// row's generation, record and release (`prev`), with its fences: until
 /// when a holder whose lock was taken from it may still believe it holds
 /// the lease, on the server's clock, and who that holder was (its PID,
-/// start time, boot and PID namespace, from its record, so a successor on
-/// its host can tell it ended). A previous holder that did not release is
+/// start time, boot, PID namespace, host name and machine id, from its
+/// record, so a successor on its host can tell it ended). A previous holder that did not release is
 /// given its bound (`confirm_within_ms` in its record; 4 s, the largest,
 /// when it does not say) from now, 2 ms more for its millisecond rounding;
 /// the fences a row carries stand, while they lie ahead, through clean
 /// releases and through holders that ended, so no holder in between hides
-/// one. `fence` is the latest of them, at most 4 s from now whatever a row
-/// says. `$1` is the name.
+/// one. Each is at most 4 s from now whatever a row says, and a row keeps
+/// the 32 latest. A row of an earlier version (`fence_until_ms`, no list)
+/// gives a fence for no one in particular, never skipped. `fence` is the
+/// latest of them. `$1` is the name.
 const ROW_PREVIOUS: &str = "WITH clock AS (SELECT \
          floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms), \
      prev AS (SELECT generation, holder::text AS holder, \
          to_char(released_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"') AS released_at, \
-         (SELECT COALESCE(jsonb_agg(f), '[]'::jsonb) FROM jsonb_array_elements( \
-              CASE WHEN jsonb_typeof(holder->'fences') = 'array' THEN holder->'fences' ELSE '[]'::jsonb END) f \
-           WHERE jsonb_typeof(f->'until') = 'number' AND (f->>'until')::numeric > (SELECT ms FROM clock)) \
+         (SELECT COALESCE(jsonb_agg(g), '[]'::jsonb) FROM (SELECT jsonb_set(f, '{until}', \
+              to_jsonb(LEAST((f->>'until')::numeric, (SELECT ms FROM clock) + 4002))) AS g \
+            FROM jsonb_array_elements(CASE WHEN jsonb_typeof(holder->'fences') = 'array' \
+                 THEN holder->'fences' ELSE '[]'::jsonb END) f \
+            WHERE CASE WHEN jsonb_typeof(f) = 'object' AND jsonb_typeof(f->'until') = 'number' \
+                  THEN (f->>'until')::numeric > (SELECT ms FROM clock) ELSE false END \
+            ORDER BY (f->>'until')::numeric DESC LIMIT 32) kept) \
+         || CASE WHEN jsonb_typeof(holder->'fences') IS DISTINCT FROM 'array' \
+                  AND jsonb_typeof(holder->'fence_until_ms') = 'number' \
+            THEN CASE WHEN (holder->>'fence_until_ms')::numeric > (SELECT ms FROM clock) \
+                 THEN jsonb_build_array(jsonb_build_object('until', \
+                      LEAST((holder->>'fence_until_ms')::numeric, (SELECT ms FROM clock) + 4002))) \
+                 ELSE '[]'::jsonb END \
+            ELSE '[]'::jsonb END \
          || CASE WHEN released_at IS NOT NULL THEN '[]'::jsonb \
             ELSE jsonb_build_array(jsonb_build_object('until', (SELECT ms FROM clock) + 2 + \
                 CASE WHEN jsonb_typeof(holder->'confirm_within_ms') = 'number' \
                      THEN LEAST(GREATEST((holder->>'confirm_within_ms')::numeric, 100), 4000) \
                      ELSE 4000 END, \
                 'pid', holder->'pid', 'proc_start', holder->'proc_start', \
-                'boot_id', holder->'boot_id', 'pid_ns', holder->'pid_ns')) END AS fences \
+                'boot_id', holder->'boot_id', 'pid_ns', holder->'pid_ns', \
+                'host', holder->'host', 'machine_id', holder->'machine_id')) END AS fences \
          FROM sidelease_leases WHERE name = $1), \
      fences AS (SELECT COALESCE((SELECT fences FROM prev), '[]'::jsonb) AS list), \
      fence AS (SELECT LEAST((SELECT ms FROM clock) + 4002, COALESCE((SELECT max((f->>'until')::numeric) \
          FROM jsonb_array_elements((SELECT list FROM fences)) f), 0))::bigint AS until) ";
 
 /// The record a holder-row write stores: the holder's (`$3`), with the
-/// fences it found, which lie ahead.
+/// fences it found, which lie ahead, and the latest of them as an earlier
+/// version reads it (`fence_until_ms`).
 const ROW_HOLDER: &str =
     "$3::jsonb || CASE WHEN jsonb_array_length((SELECT list FROM fences)) > 0 \
-     THEN jsonb_build_object('fences', (SELECT list FROM fences)) ELSE '{}'::jsonb END";
+     THEN jsonb_build_object('fences', (SELECT list FROM fences), \
+          'fence_until_ms', (SELECT until FROM fence)) ELSE '{}'::jsonb END";
 
 /// What a holder-row write returns: the generation, the previous row's
 /// generation, record and release, the server backend, how many

@@ -23,6 +23,8 @@ struct Fence {
     proc_start: Option<u64>,
     boot_id: Option<String>,
     pid_ns: Option<u64>,
+    host: Option<String>,
+    machine_id: Option<String>,
 }
 
 /// How long to wait before a holder whose lock was taken could no longer
@@ -34,27 +36,29 @@ pub(crate) fn left(fences: Option<&str>, server: Duration) -> Duration {
         return server;
     };
     let me = process::current();
-    let here = (me.boot_id.as_deref(), me.pid_ns, me.proc_is_ours);
     list.iter()
-        .filter(|f| !ended(f, here))
+        .filter(|f| !ended(f, me))
         .map(|f| Duration::from_millis(f.left.clamp(0.0, 4002.0) as u64))
         .max()
         .unwrap_or(Duration::ZERO)
 }
 
 /// Whether the holder a fence is for has provably ended: it was a process
-/// of this boot of this machine and of this PID namespace (whose
-/// processes this one's `/proc` shows), and its PID names no process, or
-/// one whose threads all exited or are exiting, that started when it did.
+/// of this boot of this machine (host name, machine id and boot id: a VM
+/// cloned from a snapshot keeps the boot id) and of this PID namespace
+/// (whose processes this one's `/proc` shows), and its PID names no
+/// process, or one whose threads all exited, that started when it did.
 /// Anything else keeps the fence: another host, another PID namespace,
 /// another boot, a record that does not say, a PID another process has
 /// taken since.
-fn ended(f: &Fence, (boot, pid_ns, proc_is_ours): (Option<&str>, Option<u64>, bool)) -> bool {
-    proc_is_ours
-        && boot.is_some()
-        && f.boot_id.as_deref() == boot
-        && pid_ns.is_some()
-        && f.pid_ns == pid_ns
+fn ended(f: &Fence, me: &process::Identity) -> bool {
+    let same = |a: &Option<String>, b: &Option<String>| a.is_some() && a == b;
+    me.proc_is_ours
+        && same(&f.boot_id, &me.boot_id)
+        && same(&f.host, &me.host)
+        && same(&f.machine_id, &me.machine_id)
+        && me.pid_ns.is_some()
+        && f.pid_ns == me.pid_ns
         && matches!((f.pid, f.proc_start), (Some(pid), Some(start)) if process::exited(pid, start) == Some(true))
 }
 
@@ -71,6 +75,8 @@ mod tests {
             proc_start: start,
             boot_id: me.boot_id.clone(),
             pid_ns: me.pid_ns,
+            host: me.host.clone(),
+            machine_id: me.machine_id.clone(),
         }
     }
 
@@ -144,6 +150,16 @@ mod tests {
             }]),
             ms(500)
         );
+        let other_host = Fence {
+            host: Some("another-host".into()),
+            ..dead.clone()
+        };
+        assert_eq!(wait(&[other_host]), ms(500));
+        let other_machine = Fence {
+            machine_id: Some("another".into()),
+            ..dead.clone()
+        };
+        assert_eq!(wait(&[other_machine]), ms(500));
         assert_eq!(wait(&[fence_of(pid, None, 500.0)]), ms(500));
         // Reaped: no such process, skipped.
         sleeper.wait().unwrap();

@@ -19,7 +19,7 @@ use tokio_postgres::types::Type;
 use super::attempt::Slot;
 use super::confirm::{beat, ended, silent, Beat, Confirmed, ENDED_GRACE};
 use super::conn::{
-    cancel, holds, in_order, io_error, open, pg_error, pooler, privilege_error, probe,
+    cancel, holds, in_order, io_error, open_tracked, pg_error, pooler, privilege_error, probe,
     release_within, set_lock_timeout, standby_error, unlock, upsert_sql, Conn, Pooled,
     CANCEL_GRACE, CANCEL_RETRY, CONNECT_TIMEOUT, FOREIGN_LOCKS, POOLER_CHECK, ROW_LOCK_TIMEOUT,
 };
@@ -153,11 +153,12 @@ impl Run {
             self.prepared = None;
             self.probed = false;
             let patience = self.patience();
+            let started = std::sync::atomic::AtomicBool::new(false);
             let mut unanswered = false;
-            let opened = tokio::time::timeout(patience, open(&self.target, None))
+            let opened = tokio::time::timeout(patience, open_tracked(&self.target, &started))
                 .await
                 .unwrap_or_else(|_| {
-                    unanswered = true;
+                    unanswered = started.load(std::sync::atomic::Ordering::Relaxed);
                     Err(io_error(
                         &self.target,
                         "connect",
@@ -168,10 +169,11 @@ impl Run {
                 Ok(c) => c,
                 Err(e) => {
                     // A refusal the first time is the answer (a wrong
-                    // address, password, database); a connection not
-                    // answered within its bound may be waiting for a
-                    // pooler's server session to come free, so it is asked
-                    // again while the caller's wait lasts, as after a
+                    // address, password, database), and so is no answer
+                    // to connecting (nothing there); a session the server
+                    // or a pooler took and then left unanswered is waiting
+                    // for a pooler's server session to come free, so it is
+                    // asked again while the caller's wait lasts, as after a
                     // connection that broke.
                     let again = connected_once || unanswered;
                     if again && self.opts.wait != Wait::NoWait && self.time_left() {
@@ -221,7 +223,11 @@ impl Run {
         if self.slot.abandoned() {
             return false;
         }
-        let sleep = tokio::time::sleep(RECONNECT_PAUSE);
+        // Never past the caller's deadline.
+        let nap = self.deadline().map_or(RECONNECT_PAUSE, |d| {
+            RECONNECT_PAUSE.min(d.saturating_duration_since(Instant::now()))
+        });
+        let sleep = tokio::time::sleep(nap);
         tokio::pin!(sleep);
         loop {
             tokio::select! {

@@ -94,27 +94,51 @@ pub fn start_time(pid: u32) -> Option<u64> {
 
 /// Whether the process `pid` that started at `start` (clock ticks since
 /// boot) has ended: `Some(true)` when no process has that PID, or when
-/// every thread of it is exiting or exited (a zombie its parent has not
-/// reaped); `Some(false)` while a thread of it runs. `None` when that cannot
-/// be told: the PID names a process that started at another time (reused),
-/// or `/proc` would not say. Exiting counts as ended: a thread the kernel
-/// marked exiting (`PF_EXITING`, set before it closes its files, so before
-/// a server sees its connections end) never runs its program again.
+/// every thread of it has exited (a zombie its parent has not reaped);
+/// `Some(false)` while a thread of it runs. `None` when that cannot be
+/// told: the PID names a process that started at another time (reused),
+/// `/proc` would not say, or it is still on its way out after `EXITING`.
+/// A process on its way out (`PF_EXITING`) has closed its files, so its
+/// connections, before the kernel tells its children's `PR_SET_PDEATHSIG`
+/// as its last step: it is waited for that long (microseconds, at most
+/// `EXITING`), so "exited" means its children were told.
 pub fn exited(pid: u32, start: u64) -> Option<bool> {
+    const EXITING: std::time::Duration = std::time::Duration::from_millis(50);
+    let t0 = std::time::Instant::now();
+    loop {
+        match tasks_exited(pid, start)? {
+            Exit::Running => return Some(false),
+            Exit::Exited => return Some(true),
+            Exit::Exiting if t0.elapsed() < EXITING => {
+                std::thread::sleep(std::time::Duration::from_micros(500))
+            }
+            Exit::Exiting => return None,
+        }
+    }
+}
+
+enum Exit {
+    Running,
+    Exiting,
+    Exited,
+}
+
+/// One look at every thread of `pid` (see `exited`).
+fn tasks_exited(pid: u32, start: u64) -> Option<Exit> {
     // PF_EXITING, include/linux/sched.h.
-    const EXITING: u64 = 0x4;
+    const PF_EXITING: u64 = 0x4;
     let leader = match std::fs::read(format!("/proc/{pid}/task/{pid}/stat")) {
         Ok(stat) => stat,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return (alive(pid) == Some(false)).then_some(true)
+            return (alive(pid) == Some(false)).then_some(Exit::Exited)
         }
         Err(_) => return None,
     };
     if parse_start_time(&leader)? != start {
         return None;
     }
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
-    for task in tasks {
+    let mut exiting = false;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
         let stat = match std::fs::read(task.ok()?.path().join("stat")) {
             Ok(s) => s,
             // That thread is gone already.
@@ -122,11 +146,15 @@ pub fn exited(pid: u32, start: u64) -> Option<bool> {
             Err(_) => return None,
         };
         let (state, flags) = parse_state_and_flags(&stat)?;
-        if !matches!(state, b'Z' | b'X') && flags & EXITING == 0 {
-            return Some(false);
+        if matches!(state, b'Z' | b'X') {
+            continue;
         }
+        if flags & PF_EXITING == 0 {
+            return Some(Exit::Running);
+        }
+        exiting = true;
     }
-    Some(true)
+    Some(if exiting { Exit::Exiting } else { Exit::Exited })
 }
 
 /// A task's state letter (field 3) and kernel flags (field 9) from its
