@@ -185,7 +185,7 @@ pub fn read_at_most(fd: BorrowedFd<'_>, hint: usize, limit: usize) -> io::Result
 }
 
 /// One granted `flock` lock as the kernel lists it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct FlockLock {
     pub pid: u32,
     pub major: u32,

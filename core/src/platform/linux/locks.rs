@@ -57,30 +57,84 @@ fn flock_locks_where(keep: impl Fn(&FlockLock) -> bool) -> io::Result<Vec<FlockL
     }
     BUF.with(|buf| {
         let mut buf = buf.borrow_mut();
-        if let Err(e) = read_proc_file("/proc/locks", &mut buf) {
-            // A sandbox's /proc, or one mounted with restrictions: holders
-            // cannot be named, and the lock itself is asked instead.
-            super::note_unavailable(super::Missing::LockTable);
-            return Err(e);
-        }
-        let text = std::str::from_utf8(&buf).map_err(io::Error::other)?;
-        Ok(text
-            .lines()
-            .filter_map(parse_line)
-            .filter(|l| keep(l))
-            .collect())
+        let mut read = || -> io::Result<(Vec<FlockLock>, usize)> {
+            let pages = match read_proc_file("/proc/locks", &mut buf) {
+                Ok(pages) => pages,
+                Err(e) => {
+                    // A sandbox's /proc, or one mounted with restrictions:
+                    // holders cannot be named, and the lock itself is asked
+                    // instead.
+                    super::note_unavailable(super::Missing::LockTable);
+                    return Err(e);
+                }
+            };
+            let text = std::str::from_utf8(&buf).map_err(io::Error::other)?;
+            Ok((parse_listing(text, &keep), pages))
+        };
+        let (first, pages) = read()?;
+        settled(first, pages, || read().map(|(l, _)| l))
     })
 }
 
+/// How many more times a listing that took several reads is read for two
+/// that agree.
+const REREADS: usize = 3;
+
+/// The kernel prints `/proc/locks` a page per read, taking its lock for
+/// each page only, and finds its place again by counting entries: a lock
+/// taken between two pages (added at the head of the list) shows the last
+/// entry of the page before again, and one let go before the reader's place
+/// hides the next one. A listing that fit one read is whole. Otherwise it
+/// is read again until two in a row agree (nothing moved while either was
+/// read); a table that never stops changing gives every lock any read saw,
+/// since each caller checks a listed lock against the holder's descriptors
+/// before naming it, while a lock missed is a holder missed.
+fn settled(
+    first: Vec<FlockLock>,
+    pages: usize,
+    mut again: impl FnMut() -> io::Result<Vec<FlockLock>>,
+) -> io::Result<Vec<FlockLock>> {
+    if pages <= 1 {
+        return Ok(first);
+    }
+    let mut seen = first.clone();
+    let mut last = first;
+    for _ in 0..REREADS {
+        let next = again()?;
+        if next == last {
+            return Ok(next);
+        }
+        seen.extend_from_slice(&next);
+        seen.sort_unstable();
+        seen.dedup();
+        last = next;
+    }
+    Ok(seen)
+}
+
+/// The listing's locks that `keep` keeps, sorted, each once.
+fn parse_listing(text: &str, keep: impl Fn(&FlockLock) -> bool) -> Vec<FlockLock> {
+    let mut locks: Vec<FlockLock> = text
+        .lines()
+        .filter_map(parse_line)
+        .filter(|l| keep(l))
+        .collect();
+    locks.sort_unstable();
+    locks.dedup();
+    locks
+}
+
 /// Read a whole /proc file with one open and as few reads as it takes
-/// (`/proc` reports size 0, so std's size-guided reads start tiny).
-fn read_proc_file(path: &str, buf: &mut Vec<u8>) -> io::Result<()> {
+/// (`/proc` reports size 0, so std's size-guided reads start tiny). Returns
+/// how many reads brought bytes.
+fn read_proc_file(path: &str, buf: &mut Vec<u8>) -> io::Result<usize> {
     use rustix::fs::{Mode, OFlags};
     let fd = rustix::fs::open(path, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())?;
     buf.clear();
     if buf.capacity() < 16 * 1024 {
         buf.reserve(16 * 1024);
     }
+    let mut pages = 0;
     loop {
         if buf.len() == buf.capacity() {
             buf.reserve(buf.capacity());
@@ -93,8 +147,9 @@ fn read_proc_file(path: &str, buf: &mut Vec<u8>) -> io::Result<()> {
         };
         let n = filled.len();
         if n == 0 {
-            return Ok(());
+            return Ok(pages);
         }
+        pages += 1;
         // SAFETY: `read` initialised the first `n` spare bytes.
         unsafe { buf.set_len(buf.len() + n) };
     }
@@ -166,5 +221,48 @@ mod tests {
         assert!(locks
             .iter()
             .any(|l| l.ino == st.st_ino && l.pid == me && l.exclusive));
+    }
+
+    fn lock(pid: u32, ino: u64) -> FlockLock {
+        FlockLock {
+            pid,
+            major: 8,
+            minor: 1,
+            ino,
+            exclusive: true,
+        }
+    }
+
+    #[test]
+    fn a_lock_listed_twice_is_one_lock() {
+        let text = "1: FLOCK  ADVISORY  WRITE 10 08:01:77 0 EOF\n\
+                    2: FLOCK  ADVISORY  WRITE 9 08:01:5 0 EOF\n\
+                    3: FLOCK  ADVISORY  WRITE 10 08:01:77 0 EOF\n";
+        assert_eq!(
+            parse_listing(text, |_| true),
+            vec![lock(9, 5), lock(10, 77)]
+        );
+    }
+
+    #[test]
+    fn a_listing_of_several_pages_is_read_until_two_agree() {
+        // One page: whole, never read again.
+        let once = settled(vec![lock(1, 1)], 1, || panic!("read again")).unwrap();
+        assert_eq!(once, vec![lock(1, 1)]);
+        // The first read missed lock 2; the next two agree on both.
+        let mut reads =
+            vec![vec![lock(1, 1), lock(2, 2)], vec![lock(1, 1), lock(2, 2)]].into_iter();
+        let got = settled(vec![lock(1, 1)], 3, || Ok(reads.next().unwrap())).unwrap();
+        assert_eq!(got, vec![lock(1, 1), lock(2, 2)]);
+        assert_eq!(reads.len(), 0);
+        // Never two alike: every lock any read saw.
+        let mut n = 1;
+        let got = settled(vec![lock(1, 1)], 3, || {
+            n += 1;
+            Ok(vec![lock(1, 1), lock(n, n as u64)])
+        })
+        .unwrap();
+        assert_eq!(n, 1 + REREADS as u32);
+        assert_eq!(got, (1..=n).map(|i| lock(i, i as u64)).collect::<Vec<_>>());
     }
 }
