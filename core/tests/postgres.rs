@@ -1042,3 +1042,69 @@ fn out_of_descriptors_is_emfile() {
         "the socket never failed: {failed:?}"
     );
 }
+
+/// A waiter's holder-row write is planned (a generic plan, kept) and run
+/// once writing nothing while it waits, so the handoff after the grant
+/// does not wait for the server to plan it: a statement trigger sees the
+/// waiting session's empty write before the holder releases, under
+/// `plan_cache_mode = force_generic_plan`, and its real one after.
+#[test]
+fn a_waiter_plans_its_row_write_before_the_grant() {
+    let _server = sharing_the_server();
+    let u = url();
+    // Held by another process: this one's acquisitions would share it.
+    let mut holder = spawn_holder(&u);
+    let seen = common::unique("plan_seen").replace('-', "_");
+    psql(&format!(
+        "CREATE TABLE {seen} (pid int, mode text, at timestamptz DEFAULT clock_timestamp()); \
+         GRANT INSERT ON {seen} TO PUBLIC; \
+         CREATE FUNCTION {seen}_note() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+           INSERT INTO {seen} (pid, mode) VALUES (pg_backend_pid(), current_setting('plan_cache_mode')); \
+           RETURN NULL; END $$; \
+         CREATE TRIGGER {seen} AFTER INSERT ON sidelease_leases FOR EACH STATEMENT \
+           EXECUTE FUNCTION {seen}_note()"
+    ));
+    let waiter = {
+        let u = u.clone();
+        std::thread::spawn(move || {
+            Lease::acquire(
+                &u,
+                &Options::new().wait(Wait::Timeout(Duration::from_secs(20))),
+            )
+        })
+    };
+    // The waiter: the session waiting for the lock the holder's session
+    // holds (other tests' sessions write and wait meanwhile), once the
+    // trigger saw it write.
+    let holder_backend = inspect(&u, &once()).unwrap().server.unwrap().backend_pid;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let before_grant = loop {
+        let waiting = psql(&format!(
+            "SELECT count(*) FROM {seen} s \
+             JOIN pg_locks w ON w.pid = s.pid AND w.locktype = 'advisory' AND NOT w.granted \
+             JOIN pg_locks h ON h.pid = {holder_backend} AND h.locktype = 'advisory' AND h.granted \
+               AND (h.classid, h.objid, h.objsubid) = (w.classid, w.objid, w.objsubid)"
+        ));
+        if waiting != "0" {
+            break psql("SELECT clock_timestamp()");
+        }
+        assert!(Instant::now() < deadline, "no waiter's empty write seen");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    let got = waiter.join().unwrap().unwrap();
+    let pid = inspect(&u, &once()).unwrap().server.unwrap().backend_pid;
+    let rows = psql(&format!(
+        "SELECT count(*) FILTER (WHERE at < '{before_grant}'), count(*), \
+                string_agg(DISTINCT mode, ',') FROM {seen} WHERE pid = {pid}"
+    ));
+    psql(&format!(
+        "DROP TRIGGER {seen} ON sidelease_leases; DROP FUNCTION {seen}_note(); DROP TABLE {seen}"
+    ));
+    got.release().unwrap();
+    assert_eq!(
+        rows, "1|2|force_generic_plan",
+        "the waiter's statements on sidelease_leases (before the grant, all, plan modes)"
+    );
+}

@@ -40,8 +40,9 @@ pub const HEARTBEAT_DEADLINE: Duration = Duration::from_secs(2);
 /// Between reconnections while waiting (the server restarting, say).
 const RECONNECT_PAUSE: Duration = Duration::from_millis(250);
 
-/// The holder row's write on a lease's own session.
-static UPSERT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| upsert_sql("true"));
+/// The holder row's write on a lease's own session, under `$4` (false for
+/// the dry run that plans it while the lease is waited for).
+static UPSERT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| upsert_sql("$4"));
 
 enum Step {
     /// `waited`: the session's lock timeout was the caller's, and goes
@@ -413,16 +414,33 @@ impl Run {
     async fn wait(&mut self, conn: &Conn, pid: i32, table: bool) -> Step {
         let t = self.target.clone();
         let c = &conn.client;
+        // The row write is planned and run once, writing nothing, before
+        // the wait: planning it (its fences in JSON) costs the server about
+        // a millisecond, and a first run in a session loads its catalogs,
+        // both of which a handoff would otherwise wait for after the grant.
+        // Only a generic plan is kept by a prepared statement from its
+        // first run on (PostgreSQL makes five custom plans first).
         let prepare = async {
-            match table {
-                true => c
-                    .prepare_typed(&UPSERT, &[Type::TEXT, Type::INT8, Type::TEXT])
-                    .await
-                    .ok(),
-                false => None,
+            if !table {
+                return None;
             }
+            let stmt = c
+                .prepare_typed(&UPSERT, &[Type::TEXT, Type::INT8, Type::TEXT, Type::BOOL])
+                .await
+                .ok()?;
+            c.query(&stmt, &[&t.name, &t.key, &"{}", &false])
+                .await
+                .ok()?;
+            Some(stmt)
         };
-        let (set, prepared) = in_order(set_lock_timeout(c, &self.lock_timeout_ms()), prepare).await;
+        let ms = self.lock_timeout_ms();
+        let ms_param: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 1] = [(&ms, Type::TEXT)];
+        let settings = c.query_typed(
+            "SELECT set_config('lock_timeout', $1, false), \
+                    set_config('plan_cache_mode', 'force_generic_plan', false)",
+            &ms_param,
+        );
+        let (set, prepared) = in_order(settings, prepare).await;
         if let Err(e) = set {
             return Step::Broken(pg_error(&t, "query", &e));
         }
@@ -581,10 +599,11 @@ impl Run {
         rec.encrypted = Some(conn.tls.is_some());
         rec.confirm_within_ms = Some(t.confirm_within.as_millis() as u64);
         let holder = rec.to_json();
-        let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 3] = [
+        let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 4] = [
             (&t.name, Type::TEXT),
             (&t.key, Type::INT8),
             (&holder, Type::TEXT),
+            (&true, Type::BOOL),
         ];
         let upsert = async {
             match &self.prepared {
