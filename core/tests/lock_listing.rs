@@ -12,7 +12,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rustix::fs::{flock, FlockOperation};
+use std::os::fd::{AsFd, BorrowedFd};
+
+use rustix::fs::{fcntl_lock, flock, FlockOperation};
 use sidelease::{inspect, Lease, Options, State};
 
 #[test]
@@ -44,22 +46,33 @@ fn a_split_is_told_once_while_the_lock_table_changes_under_the_reader() {
         })
         .collect();
     let stop = Arc::new(AtomicBool::new(false));
-    let churn: Vec<_> = (0..3)
+    // Half of it POSIX locks (an SQLite database's), which no reader of
+    // flock locks keeps but which move their entries all the same.
+    let churn: Vec<_> = (0..4)
         .map(|t| {
             let stop = stop.clone();
             let files: Vec<File> = (0..20)
                 .map(|i| File::create(d.path().join(format!("churn{t}-{i}"))).unwrap())
                 .collect();
+            let lock = move |f: BorrowedFd<'_>, op| {
+                if t % 2 == 0 {
+                    flock(f, op)
+                } else {
+                    fcntl_lock(f, op)
+                }
+            };
             std::thread::spawn(move || {
                 let mut n = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     for f in &files {
-                        flock(f, FlockOperation::NonBlockingLockExclusive).unwrap();
+                        lock(f.as_fd(), FlockOperation::NonBlockingLockExclusive).unwrap();
                     }
                     for f in &files {
-                        flock(f, FlockOperation::Unlock).unwrap();
+                        lock(f.as_fd(), FlockOperation::Unlock).unwrap();
                     }
                     n += 1;
+                    // Leave the reader a core's share (two cores here).
+                    std::thread::sleep(std::time::Duration::from_micros(20));
                 }
                 n
             })

@@ -1050,7 +1050,9 @@ fn out_of_descriptors_is_emfile() {
 /// `plan_cache_mode = force_generic_plan`, and its real one after.
 #[test]
 fn a_waiter_plans_its_row_write_before_the_grant() {
-    let _server = sharing_the_server();
+    // Alone: dropping the trigger takes the table's strongest lock, which
+    // would queue behind another test's fencing transaction.
+    let _server = alone_on_the_server();
     let u = url();
     // Held by another process: this one's acquisitions would share it.
     let mut holder = spawn_holder(&u);
@@ -1064,6 +1066,17 @@ fn a_waiter_plans_its_row_write_before_the_grant() {
          CREATE TRIGGER {seen} AFTER INSERT ON sidelease_leases FOR EACH STATEMENT \
            EXECUTE FUNCTION {seen}_note()"
     ));
+    struct Cleanup(String);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let s = &self.0;
+            psql(&format!(
+                "DROP TRIGGER IF EXISTS {s} ON sidelease_leases; DROP FUNCTION IF EXISTS {s}_note(); \
+                 DROP TABLE IF EXISTS {s}"
+            ));
+        }
+    }
+    let cleanup = Cleanup(seen.clone());
     let waiter = {
         let u = u.clone();
         std::thread::spawn(move || {
@@ -1099,12 +1112,72 @@ fn a_waiter_plans_its_row_write_before_the_grant() {
         "SELECT count(*) FILTER (WHERE at < '{before_grant}'), count(*), \
                 string_agg(DISTINCT mode, ',') FROM {seen} WHERE pid = {pid}"
     ));
-    psql(&format!(
-        "DROP TRIGGER {seen} ON sidelease_leases; DROP FUNCTION {seen}_note(); DROP TABLE {seen}"
-    ));
+    drop(cleanup);
     got.release().unwrap();
     assert_eq!(
         rows, "1|2|force_generic_plan",
         "the waiter's statements on sidelease_leases (before the grant, all, plan modes)"
+    );
+}
+
+/// A wait given up as the lock comes, at every moment of the handoff the
+/// sweep reaches (before the grant, while the pipelined row write runs,
+/// after it), leaves the lease free and its row honest: a row the waiter
+/// wrote says released, so the next holder neither waits out a live
+/// process's fence nor reads a crash.
+#[test]
+fn a_wait_given_up_as_the_lock_comes_leaves_the_row_released() {
+    let _server = sharing_the_server();
+    let me = std::process::id();
+    let (mut before, mut written_then_released, mut acquired) = (0, 0, 0);
+    for i in 0..24u64 {
+        let u = url();
+        let mut holder = spawn_holder(&u);
+        let token = CancelToken::new().unwrap();
+        let waiting = std::thread::spawn({
+            let (u, token) = (u.clone(), token.clone());
+            move || Lease::acquire_cancellable(&u, &Options::new().wait(Wait::Forever), &token)
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        holder.kill().unwrap();
+        std::thread::sleep(Duration::from_micros(250 * (i % 12)));
+        token.cancel();
+        holder.wait().unwrap();
+        match waiting.join().unwrap() {
+            Ok(lease) => {
+                acquired += 1;
+                lease.release().unwrap();
+            }
+            Err(e) => assert_eq!(e.kind(), ErrorKind::Cancelled, "{e}"),
+        }
+        let t = Instant::now();
+        let next = Lease::acquire(
+            &u,
+            &Options::new().wait(Wait::Timeout(Duration::from_secs(5))),
+        )
+        .unwrap();
+        let previous = next.previous().and_then(|r| r.pid);
+        if previous == Some(me) {
+            assert_eq!(
+                next.previous_released_cleanly(),
+                Some(true),
+                "round {i}: the waiter's row was left held"
+            );
+            written_then_released += 1;
+        } else {
+            assert_eq!(previous, Some(holder.id()), "round {i}");
+            before += 1;
+        }
+        // No fence of a process that lives (this one) was waited out.
+        assert!(
+            t.elapsed() < Duration::from_millis(500),
+            "round {i}: {:?}",
+            t.elapsed()
+        );
+        next.release().unwrap();
+    }
+    eprintln!(
+        "given up before the row: {before}; row written, then released: {written_then_released} \
+         (of which acquired first: {acquired})"
     );
 }

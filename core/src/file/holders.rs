@@ -22,10 +22,15 @@ pub(crate) fn kernel_holders(key: KernelKey, locks: &[FlockLock]) -> Vec<u32> {
     listed.dedup();
     let mut holders = Vec::new();
     let mut unverified = false;
+    let mut gone = Vec::new();
     for &pid in &listed {
         match process::holding_fd(pid, key) {
             FdScan::Found(_) | FdScan::Denied => holders.push(pid),
-            FdScan::NotFound | FdScan::Gone => unverified = true,
+            FdScan::NotFound => unverified = true,
+            FdScan::Gone => {
+                unverified = true;
+                gone.push(pid);
+            }
         }
     }
     if unverified {
@@ -36,8 +41,10 @@ pub(crate) fn kernel_holders(key: KernelKey, locks: &[FlockLock]) -> Vec<u32> {
         }
         if holders.is_empty() {
             // Held by something this user cannot see: report what the
-            // kernel lists rather than nothing.
-            holders = listed;
+            // kernel lists rather than nothing, but never a process that
+            // has ended (a listing read across changes may still carry a
+            // lock let go since).
+            holders = listed.into_iter().filter(|p| !gone.contains(p)).collect();
         }
     }
     holders.sort_unstable();

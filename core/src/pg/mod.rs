@@ -40,6 +40,10 @@ mod socket;
 pub mod target;
 #[cfg(feature = "postgres")]
 mod tls;
+#[cfg(feature = "postgres")]
+mod wait;
+#[cfg(feature = "postgres")]
+mod write;
 
 use std::path::Path;
 

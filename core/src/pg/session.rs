@@ -13,21 +13,19 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
-use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 
 use super::attempt::Slot;
 use super::confirm::{beat, ended, silent, Beat, Confirmed, ENDED_GRACE};
 use super::conn::{
-    cancel, holds, in_order, io_error, open_tracked, pg_error, pooler, privilege_error, probe,
-    release_within, set_lock_timeout, standby_error, unlock, upsert_sql, Conn, Pooled,
-    CANCEL_GRACE, CANCEL_RETRY, CONNECT_TIMEOUT, FOREIGN_LOCKS, POOLER_CHECK, ROW_LOCK_TIMEOUT,
+    io_error, open_tracked, pg_error, pooler, probe, release_within, standby_error, Conn, Pooled,
+    CONNECT_TIMEOUT, FOREIGN_LOCKS, POOLER_CHECK, ROW_LOCK_TIMEOUT,
 };
 use super::inspect::contention;
 use super::link::{Cmd, Link};
 use super::local;
-use super::row::{table_error, Written, TABLE, TABLE_DDL};
 use super::target::Target;
+use super::write::Claimed;
 use crate::error::{Contention, Error, Lost, Result};
 use crate::lease::Shared;
 use crate::options::{Options, Wait};
@@ -40,17 +38,15 @@ pub const HEARTBEAT_DEADLINE: Duration = Duration::from_secs(2);
 /// Between reconnections while waiting (the server restarting, say).
 const RECONNECT_PAUSE: Duration = Duration::from_millis(250);
 
-/// The holder row's write on a lease's own session, under `$4` (false for
-/// the dry run that plans it while the lease is waited for).
-static UPSERT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| upsert_sql("$4"));
-
-enum Step {
+pub(super) enum Step {
     /// `waited`: the session's lock timeout was the caller's, and goes
-    /// back to the row-write bound with the row write.
+    /// back to the row-write bound with the row write; `claimed`: the row
+    /// the wait's pipeline wrote (see `wait.rs`).
     Got {
         pid: i32,
         table: bool,
         waited: bool,
+        claimed: Option<Box<Claimed>>,
     },
     Fail(Error),
     /// The connection broke while waiting: connect again if time is left.
@@ -61,18 +57,17 @@ enum Step {
     Again,
 }
 
-struct Run {
-    target: Arc<Target>,
-    opts: Options,
-    started: Instant,
-    slot: Arc<Slot>,
-    rx: UnboundedReceiver<Cmd>,
+pub(super) struct Run {
+    pub(super) target: Arc<Target>,
+    pub(super) opts: Options,
+    pub(super) started: Instant,
+    pub(super) slot: Arc<Slot>,
+    pub(super) rx: UnboundedReceiver<Cmd>,
     tx: UnboundedSender<Cmd>,
     waiter_id: u64,
-    /// The row write, prepared while waiting: a new session's first
-    /// statement on the table loads its catalog entries (a millisecond
-    /// here), which is better spent before the lock is granted than after.
-    prepared: Option<tokio_postgres::Statement>,
+    /// The wait's row write, kept prepared for the session's life: closing
+    /// it would cost a message right after the grant.
+    pub(super) plan: Option<tokio_postgres::Statement>,
     /// This connection was found to reach a server session of its own
     /// through whatever sits between (see `conn::probe`).
     probed: bool,
@@ -88,7 +83,7 @@ pub(crate) fn spawn(
 ) -> Result<()> {
     let run = Run {
         waiter_id: registry::attempt_id(),
-        prepared: None,
+        plan: None,
         probed: false,
         target,
         opts,
@@ -151,7 +146,6 @@ impl Run {
             if self.slot.abandoned() {
                 break;
             }
-            self.prepared = None;
             self.probed = false;
             let patience = self.patience();
             let started = std::sync::atomic::AtomicBool::new(false);
@@ -189,9 +183,14 @@ impl Run {
             };
             connected_once = true;
             match self.attempt(&conn).await {
-                Step::Got { pid, table, waited } => {
+                Step::Got {
+                    pid,
+                    table,
+                    waited,
+                    claimed,
+                } => {
                     local::unwait(&self.target.name, self.waiter_id);
-                    self.claim(conn, pid, table, waited).await;
+                    self.claim(conn, pid, (table, waited), claimed).await;
                     return;
                 }
                 Step::Fail(e) => {
@@ -243,7 +242,7 @@ impl Run {
         }
     }
 
-    fn lock_timeout_ms(&self) -> String {
+    pub(super) fn lock_timeout_ms(&self) -> String {
         match self.deadline() {
             None => "0".into(),
             Some(d) => {
@@ -258,7 +257,7 @@ impl Run {
     /// left; `ROW_LOCK_TIMEOUT` without a limit or for one attempt, since
     /// the advisory lock is held meanwhile and a caller who gives up must
     /// not leave it held behind a stuck transaction.
-    fn row_lock_ms(&self) -> String {
+    pub(super) fn row_lock_ms(&self) -> String {
         match self.opts.wait {
             Wait::Timeout(_) => self.lock_timeout_ms(),
             Wait::NoWait | Wait::Forever => ROW_LOCK_TIMEOUT.into(),
@@ -364,6 +363,7 @@ impl Run {
                 pid,
                 table,
                 waited: false,
+                claimed: None,
             };
         }
         if local::share_pending(&t.identity) || self.held_here(conn).await {
@@ -408,287 +408,7 @@ impl Run {
         }
     }
 
-    /// Block in `pg_advisory_lock` until the server grants it, the lock
-    /// timeout ends it, or the caller gives up (a cancel request to the
-    /// server then).
-    async fn wait(&mut self, conn: &Conn, pid: i32, table: bool) -> Step {
-        let t = self.target.clone();
-        let c = &conn.client;
-        // The row write is planned and run once, writing nothing, before
-        // the wait: planning it (its fences in JSON) costs the server about
-        // a millisecond, and a first run in a session loads its catalogs,
-        // both of which a handoff would otherwise wait for after the grant.
-        // Only a generic plan is kept by a prepared statement from its
-        // first run on (PostgreSQL makes five custom plans first).
-        let prepare = async {
-            if !table {
-                return None;
-            }
-            let stmt = c
-                .prepare_typed(&UPSERT, &[Type::TEXT, Type::INT8, Type::TEXT, Type::BOOL])
-                .await
-                .ok()?;
-            c.query(&stmt, &[&t.name, &t.key, &"{}", &false])
-                .await
-                .ok()?;
-            Some(stmt)
-        };
-        let ms = self.lock_timeout_ms();
-        let ms_param: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 1] = [(&ms, Type::TEXT)];
-        let settings = c.query_typed(
-            "SELECT set_config('lock_timeout', $1, false), \
-                    set_config('plan_cache_mode', 'force_generic_plan', false)",
-            &ms_param,
-        );
-        let (set, prepared) = in_order(settings, prepare).await;
-        if let Err(e) = set {
-            return Step::Broken(pg_error(&t, "query", &e));
-        }
-        self.prepared = prepared;
-        let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 2] =
-            [(&t.key, Type::INT8), (&conn.session, Type::TEXT)];
-        // The checks and the lock in one statement, so in one server
-        // session; the lock is taken only if they pass.
-        let sql = format!(
-            "SELECT pg_backend_pid(), pre.ours, pre.held_already, \
-                 CASE WHEN pre.ours AND NOT pre.held_already \
-                      THEN pg_advisory_lock($1)::text = '' ELSE false END \
-             FROM (SELECT {POOLER_CHECK} AS ours, {FOREIGN_LOCKS} AS held_already) pre"
-        );
-        let lock = c.query_typed(&sql, &params);
-        tokio::pin!(lock);
-        let mut why: Option<Step> = None;
-        let mut give_up_at = tokio::time::Instant::now();
-        let retry = tokio::time::sleep(Duration::MAX / 4);
-        tokio::pin!(retry);
-        let res = loop {
-            tokio::select! {
-                r = &mut lock => break r,
-                cmd = self.rx.recv(), if why.is_none() => {
-                    why = match cmd {
-                        Some(Cmd::Share) => Some(Step::Share),
-                        Some(Cmd::Release(_) | Cmd::Confirm(_)) => continue,
-                        Some(Cmd::Try(_) | Cmd::Leave(..) | Cmd::Recorded(..) | Cmd::Told(_) | Cmd::HandOn(_)) => continue,
-                        Some(Cmd::Cancel) | None => Some(Step::Cancelled),
-                    };
-                    give_up_at = tokio::time::Instant::now() + CANCEL_GRACE;
-                    cancel(&t, conn);
-                    retry.as_mut().reset(tokio::time::Instant::now() + CANCEL_RETRY);
-                }
-                _ = &mut retry, if why.is_some() => {
-                    if tokio::time::Instant::now() >= give_up_at {
-                        // Close the socket now (the driver would keep it
-                        // open for the answer): the server ends the wait
-                        // when it notices (client_connection_check_interval).
-                        conn.task.abort();
-                        return why.unwrap_or(Step::Cancelled);
-                    }
-                    // A cancel request that reaches the server before the
-                    // lock request does is ignored: ask again.
-                    cancel(&t, conn);
-                    retry.as_mut().reset(tokio::time::Instant::now() + CANCEL_RETRY);
-                }
-            }
-        };
-        let granted = match res {
-            Ok(rows) => {
-                let Some(row) = rows.first() else {
-                    return Step::Fail(io_error(&t, "query", "the server answered no row"));
-                };
-                let (now, ours, foreign, locked): (i32, bool, bool, bool) =
-                    (row.get(0), row.get(1), row.get(2), row.get(3));
-                if !ours {
-                    return Step::Fail(pooler(&t, Pooled::OtherSession));
-                }
-                if foreign {
-                    return Step::Fail(pooler(&t, Pooled::ForeignLock));
-                }
-                if now != pid {
-                    if locked {
-                        let _ = unlock(c, t.key).await;
-                    }
-                    return Step::Fail(pooler(&t, Pooled::Backend(pid, Some(now))));
-                }
-                locked
-            }
-            Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
-                // The lock may have been granted at the instant the timeout
-                // ended the wait.
-                match holds(c, t.key).await {
-                    Ok(h) => h,
-                    Err(e) => return Step::Broken(pg_error(&t, "query", &e)),
-                }
-            }
-            Err(e) if e.code() == Some(&SqlState::QUERY_CANCELED) => false,
-            Err(e) => return Step::Broken(pg_error(&t, "query", &e)),
-        };
-        match why {
-            Some(step) => {
-                if granted {
-                    let _ = unlock(c, t.key).await;
-                }
-                step
-            }
-            None if granted => Step::Got {
-                pid,
-                table,
-                waited: true,
-            },
-            None => Step::Fail(Error::Timeout(Box::new(
-                contention(conn, &t, self.started).await,
-            ))),
-        }
-    }
-
-    /// Write the holder row (the fencing generation grows), hand the lease
-    /// to the caller, keep the session.
-    async fn claim(self, conn: Conn, pid: i32, table: bool, waited: bool) {
-        let t = self.target.clone();
-        if self.slot.abandoned() {
-            // Given up before the row was written: no generation spent.
-            let _ = unlock(&conn.client, t.key).await;
-            conn.close().await;
-            return;
-        }
-        let sent = Confirmed::clock();
-        match self.write_row(&conn, pid, table, waited).await {
-            Ok((rec, written)) => {
-                let fence_until = std::time::Instant::now() + written.fence;
-                let Written {
-                    previous,
-                    generation,
-                    ..
-                } = written;
-                self.hold(conn, rec, previous, (generation, fence_until), pid, sent)
-                    .await
-            }
-            Err(e) => {
-                let _ = unlock(&conn.client, t.key).await;
-                conn.close().await;
-                self.slot.finish(Err(e));
-            }
-        }
-    }
-
-    async fn write_row(
-        &self,
-        conn: &Conn,
-        pid: i32,
-        table: bool,
-        waited: bool,
-    ) -> Result<(Record, Written)> {
-        let t = &*self.target;
-        let c = &conn.client;
-        if !table {
-            if let Err(e) = c.batch_execute(TABLE_DDL).await {
-                // Sessions creating it at the same moment collide in the
-                // catalogs in every way "already exists" can be said.
-                let benign = [
-                    SqlState::UNIQUE_VIOLATION,
-                    SqlState::DUPLICATE_TABLE,
-                    SqlState::DUPLICATE_OBJECT,
-                ];
-                if !e.code().is_some_and(|code| benign.contains(code)) {
-                    return Err(privilege_error(t, "create table", &e, &format!(
-                        "creating {TABLE} needs CREATE on the schema; or have its owner run once: {TABLE_DDL}"
-                    )));
-                }
-            }
-        }
-        let mut rec = Record::of_this_process(t.shown.clone(), &self.opts)?;
-        rec.encrypted = Some(conn.tls.is_some());
-        rec.confirm_within_ms = Some(t.confirm_within.as_millis() as u64);
-        let holder = rec.to_json();
-        let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 4] = [
-            (&t.name, Type::TEXT),
-            (&t.key, Type::INT8),
-            (&holder, Type::TEXT),
-            (&true, Type::BOOL),
-        ];
-        let upsert = async {
-            match &self.prepared {
-                Some(stmt) => {
-                    let p: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
-                        params.iter().map(|p| p.0).collect();
-                    c.query(stmt, &p).await
-                }
-                None => c.query_typed(&UPSERT, &params).await,
-            }
-        };
-        let rows = if waited || self.opts.wait != Wait::NoWait {
-            let (reset, rows) = in_order(set_lock_timeout(c, &self.row_lock_ms()), upsert).await;
-            reset.map_err(|e| pg_error(t, "query", &e))?;
-            rows
-        } else {
-            upsert.await
-        };
-        let row = match rows {
-            Ok(mut r) if r.len() == 1 => r.remove(0),
-            Ok(_) => return Err(io_error(t, "insert", "the server answered no row")),
-            Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
-                if !matches!(self.opts.wait, Wait::Timeout(_)) {
-                    return Err(io_error(
-                        t,
-                        "insert",
-                        format!(
-                            "a transaction, an application's fencing check, kept the lease's \
-                             row in {TABLE} locked FOR SHARE for over {ROW_LOCK_TIMEOUT} ms; \
-                             the lock itself was free"
-                        ),
-                    ));
-                }
-                return Err(Error::Timeout(Box::new(Contention {
-                    target: PathBuf::from(&t.shown),
-                    lease_path: PathBuf::from(&t.shown),
-                    holder: None,
-                    holders: Vec::new(),
-                    record_note: Some(format!(
-                        "a transaction, an application's fencing check, kept the lease's row \
-                         in {TABLE} locked FOR SHARE for the rest of the wait; the lock itself \
-                         was free"
-                    )),
-                    waited: self.started.elapsed(),
-                })));
-            }
-            Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) => {
-                let other: Option<String> = c
-                    .query_typed(
-                        "SELECT name FROM sidelease_leases WHERE key = $1",
-                        &[(&t.key, Type::INT8)],
-                    )
-                    .await
-                    .ok()
-                    .and_then(|r| r.first().map(|r| r.get(0)));
-                return Err(Error::invalid(
-                    "target",
-                    format!(
-                        "{}: the lease name {:?} has the same advisory-lock key ({}) as the lease {:?} \
-                         in {TABLE}; refusing to share one lock between two names: rename one",
-                        t.shown,
-                        t.name,
-                        t.key,
-                        other.unwrap_or_else(|| "?".into())
-                    ),
-                ));
-            }
-            Err(e) => {
-                return Err(privilege_error(
-                    t,
-                    "insert",
-                    &e,
-                    &format!("the lease's user needs SELECT, INSERT and UPDATE on {TABLE}"),
-                ))
-            }
-        };
-        let written = Written::of(&row).map_err(|e| table_error(t, &e))?;
-        if written.backend != pid {
-            return Err(pooler(t, Pooled::Backend(pid, Some(written.backend))));
-        }
-        rec.generation = Some(written.generation as u64);
-        Ok((rec, written))
-    }
-
-    async fn hold(
+    pub(super) async fn hold(
         mut self,
         mut conn: Conn,
         rec: Record,

@@ -57,7 +57,8 @@ fn flock_locks_where(keep: impl Fn(&FlockLock) -> bool) -> io::Result<Vec<FlockL
     }
     BUF.with(|buf| {
         let mut buf = buf.borrow_mut();
-        let mut read = || -> io::Result<(Vec<FlockLock>, usize)> {
+        let mut last: Vec<u8> = Vec::new();
+        let mut read = || -> io::Result<(Vec<FlockLock>, usize, bool)> {
             let pages = match read_proc_file("/proc/locks", &mut buf) {
                 Ok(pages) => pages,
                 Err(e) => {
@@ -69,10 +70,18 @@ fn flock_locks_where(keep: impl Fn(&FlockLock) -> bool) -> io::Result<Vec<FlockL
                 }
             };
             let text = std::str::from_utf8(&buf).map_err(io::Error::other)?;
-            Ok((parse_listing(text, &keep), pages))
+            // Whole listings compared, not the locks kept: a change among
+            // the others (POSIX locks, other devices) moves this one's
+            // entries across pages all the same.
+            let same = *buf == last;
+            if pages > 1 || !last.is_empty() {
+                last.clear();
+                last.extend_from_slice(&buf);
+            }
+            Ok((parse_listing(text, &keep), pages, same))
         };
-        let (first, pages) = read()?;
-        settled(first, pages, || read().map(|(l, _)| l))
+        let (first, pages, _) = read()?;
+        settled(first, pages, || read().map(|(l, _, same)| (l, same)))
     })
 }
 
@@ -85,29 +94,27 @@ const REREADS: usize = 3;
 /// taken between two pages (added at the head of the list) shows the last
 /// entry of the page before again, and one let go before the reader's place
 /// hides the next one. A listing that fit one read is whole. Otherwise it
-/// is read again until two in a row agree (nothing moved while either was
-/// read); a table that never stops changing gives every lock any read saw,
+/// is read again until two in a row are the same text (nothing moved while
+/// either was read); a table that never stops changing gives every lock any read saw,
 /// since each caller checks a listed lock against the holder's descriptors
 /// before naming it, while a lock missed is a holder missed.
 fn settled(
     first: Vec<FlockLock>,
     pages: usize,
-    mut again: impl FnMut() -> io::Result<Vec<FlockLock>>,
+    mut again: impl FnMut() -> io::Result<(Vec<FlockLock>, bool)>,
 ) -> io::Result<Vec<FlockLock>> {
     if pages <= 1 {
         return Ok(first);
     }
-    let mut seen = first.clone();
-    let mut last = first;
+    let mut seen = first;
     for _ in 0..REREADS {
-        let next = again()?;
-        if next == last {
+        let (next, same) = again()?;
+        if same {
             return Ok(next);
         }
         seen.extend_from_slice(&next);
         seen.sort_unstable();
         seen.dedup();
-        last = next;
     }
     Ok(seen)
 }
@@ -249,9 +256,12 @@ mod tests {
         // One page: whole, never read again.
         let once = settled(vec![lock(1, 1)], 1, || panic!("read again")).unwrap();
         assert_eq!(once, vec![lock(1, 1)]);
-        // The first read missed lock 2; the next two agree on both.
-        let mut reads =
-            vec![vec![lock(1, 1), lock(2, 2)], vec![lock(1, 1), lock(2, 2)]].into_iter();
+        // The first read missed lock 2; the next two are the same text.
+        let mut reads = vec![
+            (vec![lock(1, 1), lock(2, 2)], false),
+            (vec![lock(1, 1), lock(2, 2)], true),
+        ]
+        .into_iter();
         let got = settled(vec![lock(1, 1)], 3, || Ok(reads.next().unwrap())).unwrap();
         assert_eq!(got, vec![lock(1, 1), lock(2, 2)]);
         assert_eq!(reads.len(), 0);
@@ -259,7 +269,7 @@ mod tests {
         let mut n = 1;
         let got = settled(vec![lock(1, 1)], 3, || {
             n += 1;
-            Ok(vec![lock(1, 1), lock(n, n as u64)])
+            Ok((vec![lock(1, 1), lock(n, n as u64)], false))
         })
         .unwrap();
         assert_eq!(n, 1 + REREADS as u32);
