@@ -526,3 +526,123 @@ fn through_pgbouncer_a_shared_session_works_in_session_mode_and_is_refused_other
         }
     }
 }
+
+/// Drops what a test made on the server, even when the test fails.
+struct OnServer(String);
+
+impl Drop for OnServer {
+    fn drop(&mut self) {
+        psql(&self.0);
+    }
+}
+
+/// One lease's slow statement on the shared session (a trigger that sleeps
+/// 1.5 s on its row; a commit waiting for a synchronous standby is the
+/// same) costs the other leases on that session nothing: the statement
+/// is ended after a quarter of the tightest bound, the slow acquisition
+/// goes on alone on a connection of its own, and the others are
+/// confirmed all along.
+#[test]
+fn a_slow_statement_for_one_lease_costs_the_others_on_the_session_nothing() {
+    let _alone = alone();
+    let base = env("SIDELEASE_TEST_PG");
+    let others: Vec<Lease> = (0..2)
+        .map(|_| Lease::acquire(shared_url(&base, &unique("kept")), &Options::new()).unwrap())
+        .collect();
+    let lost = Arc::new(AtomicUsize::new(0));
+    for l in &others {
+        let lost = lost.clone();
+        l.on_lost(move |_| {
+            lost.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap();
+    }
+    let slow = unique("slow");
+    let f = unique("slow_row").replace('-', "_");
+    psql(&format!(
+        "CREATE FUNCTION {f}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+           PERFORM pg_sleep(1.5); RETURN NEW; END $$; \
+         CREATE TRIGGER {f} BEFORE INSERT OR UPDATE ON sidelease_leases FOR EACH ROW \
+           WHEN (NEW.name = '{slow}') EXECUTE FUNCTION {f}()"
+    ));
+    let _cleanup = OnServer(format!(
+        "DROP TRIGGER IF EXISTS {f} ON sidelease_leases; DROP FUNCTION IF EXISTS {f}()"
+    ));
+    let t = Instant::now();
+    let got = Lease::acquire(shared_url(&base, &slow), &Options::new());
+    let took = t.elapsed();
+    let got = got.unwrap_or_else(|e| panic!("the slow lease after {took:?}: {e}"));
+    // Its own connection waited out the trigger (1.5 s, once or twice).
+    assert!(took < Duration::from_secs(6), "{took:?}");
+    std::thread::sleep(Duration::from_millis(1500));
+    for l in &others {
+        assert_eq!(l.state(), LeaseState::Held);
+        l.ensure_held().unwrap();
+    }
+    assert_eq!(
+        lost.load(Ordering::SeqCst),
+        0,
+        "a lease on the session was lost"
+    );
+    got.release().unwrap();
+    for l in others {
+        l.release().unwrap();
+    }
+}
+
+/// The same with a commit that never returns: the role commits
+/// synchronously and its synchronous standby is gone. Each statement of
+/// the shared session that writes (an acquisition's row, a release) is
+/// ended after its share of the bound (the server then says the commit is
+/// local only), so the leases already held stay confirmed and a new one
+/// is had, not refused as "in use" by this process's own lock.
+#[test]
+fn a_commit_waiting_for_a_lost_synchronous_standby_costs_the_others_nothing() {
+    let _alone = alone();
+    let base = env("SIDELEASE_TEST_PG");
+    // A shared session of its own: the role's setting applies from the
+    // start of a session.
+    eventually(
+        "no session of this process left",
+        Duration::from_secs(5),
+        || my_sessions() == 0,
+    );
+    // Dropped last to first: the setting is reset, then the server reloads.
+    let _reload = OnServer("SELECT pg_reload_conf()".into());
+    psql("ALTER SYSTEM SET synchronous_standby_names = 'sidelease_gone_standby'");
+    let _standby = OnServer("ALTER SYSTEM RESET synchronous_standby_names".into());
+    psql("SELECT pg_reload_conf()");
+    psql("ALTER ROLE app SET synchronous_commit = on");
+    let _role = OnServer("ALTER ROLE app RESET synchronous_commit".into());
+    let others: Vec<Lease> = (0..2)
+        .map(|_| Lease::acquire(shared_url(&base, &unique("kept")), &Options::new()).unwrap())
+        .collect();
+    let lost = Arc::new(AtomicUsize::new(0));
+    for l in &others {
+        let lost = lost.clone();
+        l.on_lost(move |_| {
+            lost.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap();
+    }
+    let t = Instant::now();
+    let one = Lease::acquire(shared_url(&base, &unique("stalled")), &Options::new());
+    let took = t.elapsed();
+    let one = one.unwrap_or_else(|e| panic!("after {took:?}: {e}"));
+    eprintln!("acquired beside a stalled commit in {took:?}");
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    std::thread::sleep(Duration::from_millis(1500));
+    for l in &others {
+        assert_eq!(l.state(), LeaseState::Held);
+        l.ensure_held().unwrap();
+    }
+    assert_eq!(
+        lost.load(Ordering::SeqCst),
+        0,
+        "a lease on the session was lost"
+    );
+    one.release().unwrap();
+    for l in others {
+        l.release().unwrap();
+    }
+}

@@ -482,10 +482,16 @@ pub(crate) async fn probe(target: &Target, conn: &Conn, pid: i32) -> Result<()> 
     })
 }
 
-/// Ask the server to cancel what the connection runs. A new connection
-/// carries the request, in a task of its own, so that a server slow to
-/// take it cannot stretch the caller's bound on giving up.
-pub(crate) fn cancel(target: &Arc<Target>, conn: &Conn) {
+/// A cancel request for what `conn`'s session runs now, carried by a new
+/// connection: a future that ends once the server took it (it signals the
+/// backend before it closes the request's connection), or could not be
+/// reached. Spawned, so that a server slow to take it cannot stretch a
+/// caller's bound on giving up, and awaited before the session's next
+/// statement, which a request still on its way would end.
+pub(crate) fn cancel_request(
+    target: &Arc<Target>,
+    conn: &Conn,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
     let token = conn.client.cancel_token();
     // The request goes as the session did: the token remembers its mode.
     let tls = match &conn.host {
@@ -493,7 +499,7 @@ pub(crate) fn cancel(target: &Arc<Target>, conn: &Conn) {
         _ => None,
     };
     let target = target.clone();
-    tokio::spawn(async move {
+    async move {
         let Ok((sock, _)) = socket::connect(&target.config, CONNECT_TIMEOUT).await else {
             return;
         };
@@ -505,7 +511,7 @@ pub(crate) fn cancel(target: &Arc<Target>, conn: &Conn) {
                 tokio::time::timeout(CONNECT_TIMEOUT, token.cancel_query_raw(sock, NoTls)).await
             }
         };
-    });
+    }
 }
 
 /// The server's message (severity, text, SQLSTATE, hint), or the driver's

@@ -13,8 +13,9 @@ use tokio_postgres::types::{ToSql, Type};
 
 use super::confirm::Confirmed;
 use super::conn::{
-    cancel, holds, in_order, io_error, pg_error, pooler, release_within, unlock, upsert_sql, Conn,
-    Pooled, CANCEL_GRACE, CANCEL_RETRY, FOREIGN_LOCKS, POOLER_CHECK, ROW_LOCK_TIMEOUT,
+    cancel_request, holds, in_order, io_error, pg_error, pooler, release_within, unlock,
+    upsert_sql, Conn, Pooled, CANCEL_GRACE, CANCEL_RETRY, FOREIGN_LOCKS, POOLER_CHECK,
+    ROW_LOCK_TIMEOUT,
 };
 use super::inspect::contention;
 use super::link::Cmd;
@@ -91,7 +92,9 @@ impl Run {
                 ));
             }
         };
-        let budget: i64 = ms.parse().unwrap_or(0);
+        // The row write's budget as of now (the settings, the plan and the
+        // dry run took some of the caller's time).
+        let budget: i64 = self.lock_timeout_ms().parse().unwrap_or(0);
         let params: [(&(dyn ToSql + Sync), Type); 4] = [
             (&t.key, Type::INT8),
             (&conn.session, Type::TEXT),
@@ -131,6 +134,7 @@ impl Run {
         let pipeline = in_order(lock, write);
         tokio::pin!(pipeline);
         let mut why: Option<Step> = None;
+        let mut cancels: Vec<tokio::task::JoinHandle<()>> = Vec::new();
         let mut give_up_at = tokio::time::Instant::now();
         let retry = tokio::time::sleep(std::time::Duration::MAX / 4);
         tokio::pin!(retry);
@@ -145,7 +149,7 @@ impl Run {
                         Some(Cmd::Cancel) | None => Some(Step::Cancelled),
                     };
                     give_up_at = tokio::time::Instant::now() + CANCEL_GRACE;
-                    cancel(&t, conn);
+                    cancels.push(tokio::spawn(cancel_request(&t, conn)));
                     retry.as_mut().reset(tokio::time::Instant::now() + CANCEL_RETRY);
                 }
                 _ = &mut retry, if why.is_some() => {
@@ -158,11 +162,20 @@ impl Run {
                     }
                     // A cancel request that reaches the server before the
                     // lock request does is ignored: ask again.
-                    cancel(&t, conn);
+                    cancels.push(tokio::spawn(cancel_request(&t, conn)));
                     retry.as_mut().reset(tokio::time::Instant::now() + CANCEL_RETRY);
                 }
             }
         };
+        // A cancel request that came as the statements ended by themselves
+        // would end the next one (a release's row write): each is seen
+        // delivered, then a statement of no consequence takes it.
+        if !cancels.is_empty() {
+            for c in cancels {
+                let _ = tokio::time::timeout(CANCEL_GRACE, c).await;
+            }
+            let _ = tokio::time::timeout(CANCEL_GRACE, c.simple_query("SELECT 1")).await;
+        }
         // The row the pipeline's write wrote, if any.
         let rows = wrote;
         self.plan = prepared.clone();
@@ -253,7 +266,10 @@ impl Run {
                     r.started_at = Some(crate::record::now_rfc3339());
                     r.clone()
                 });
-                rec.map(|r| Box::new((r, written, sent + ms as u64)))
+                // Never later than now on this client's clock, whatever
+                // the server's clock did meanwhile.
+                let confirmed = (sent + ms as u64).min(Confirmed::clock());
+                rec.map(|r| Box::new((r, written, confirmed)))
             }
         };
         Step::Got {

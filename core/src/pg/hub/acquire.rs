@@ -58,7 +58,7 @@ impl Hub {
         let row_params: [Param; 5] = [&t.name, &t.key, &holder, &self.conn.session, &nonce];
         let row = c.query(&p.upsert, &row_params);
         let sent = Confirmed::clock();
-        let answered = tokio::time::timeout(HEARTBEAT_DEADLINE, in_order(lock, row)).await;
+        let answered = self.bounded(&t, in_order(lock, row)).await;
         let Ok((locked, written)) = answered else {
             // The session stalled: the heartbeat decides what that means.
             // Whether the lock was taken and the row written is not known:

@@ -27,8 +27,8 @@ use tokio_postgres::types::Type;
 use super::attempt::Slot;
 use super::confirm::{ended, silent, Confirmed, ENDED_GRACE};
 use super::conn::{
-    describe, heartbeat, io_error, open, probe, unlock, upsert_sql, Conn, CONNECT_TIMEOUT,
-    FOREIGN_LOCKS, POOLER_CHECK, UPDATE_RELEASED,
+    cancel_request, describe, heartbeat, io_error, open, probe, unlock, upsert_sql, Conn,
+    CONNECT_TIMEOUT, FOREIGN_LOCKS, POOLER_CHECK, UPDATE_RELEASED,
 };
 use super::link::Cmd;
 use super::local;
@@ -479,6 +479,41 @@ impl Hub {
         }
     }
 
+    /// Wait for one lease's statements on this session, which every other
+    /// lease's confirmation waits behind, at most a quarter of the
+    /// tightest bound here (`t`'s included). Past that (a slow trigger, a
+    /// commit waiting for a synchronous standby that is gone) the server
+    /// is asked to end them, the request delivered before anything else
+    /// is sent, and the answer waited for up to `HEARTBEAT_DEADLINE` more.
+    pub(super) async fn bounded<F: std::future::Future>(
+        &self,
+        t: &Arc<Target>,
+        answer: F,
+    ) -> std::result::Result<F::Output, tokio::time::error::Elapsed> {
+        let share = self
+            .members
+            .values()
+            .map(|m| m.confirmed.bound())
+            .chain([t.confirm_within])
+            .min()
+            .unwrap_or(t.confirm_within)
+            / 4;
+        let share = share.min(HEARTBEAT_DEADLINE);
+        tokio::pin!(answer);
+        if let Ok(r) = tokio::time::timeout(share, &mut answer).await {
+            return Ok(r);
+        }
+        let _ = tokio::time::timeout(share, cancel_request(t, &self.conn)).await;
+        let answered = tokio::time::timeout(HEARTBEAT_DEADLINE, &mut answer).await;
+        // Had they ended by themselves as the request came, it would end
+        // the next statement (a heartbeat): one of no consequence takes it.
+        if answered.is_ok() {
+            let absorb = self.conn.client.simple_query("SELECT 1");
+            let _ = tokio::time::timeout(HEARTBEAT_DEADLINE, absorb).await;
+        }
+        answered
+    }
+
     /// How often to ask: four times within the tightest bound of the
     /// leases here.
     fn interval(&self) -> Duration {
@@ -539,6 +574,13 @@ impl Hub {
                         _ => why,
                     },
                 )
+            }
+            // A cancel request for a statement that ended by itself as
+            // it came (see `bounded`) ends this one: not an answer, and
+            // not a failure of the session.
+            Ok(Err(e)) if e.code() == Some(&SqlState::QUERY_CANCELED) => {
+                self.expire();
+                Ok(false)
             }
             Ok(Err(e)) => Err(format!("the lease's session failed: {}", describe(&e))),
             // The tightest bound passed: that lease is lost, the others

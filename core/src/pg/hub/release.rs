@@ -63,7 +63,7 @@ impl Hub {
         });
     }
 
-    pub(super) async fn record_and_unlock(&mut self, t: &Target, generation: i64) -> Release {
+    pub(super) async fn record_and_unlock(&mut self, t: &Arc<Target>, generation: i64) -> Release {
         let c = &self.conn.client;
         // A lease here came from a try, which prepared the statements.
         let answered = match &self.prepared {
@@ -73,7 +73,7 @@ impl Hub {
                 let record = c.query(&p.release, &params);
                 let unlock_params: [Param; 3] = [&t.key, &t.name, &generation];
                 let unlocked = c.query(&p.unlock, &unlock_params);
-                tokio::time::timeout(HEARTBEAT_DEADLINE, in_order(record, unlocked)).await
+                self.bounded(t, in_order(record, unlocked)).await
             }
             None => {
                 let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 2] =
@@ -85,7 +85,7 @@ impl Hub {
                     (&generation, Type::INT8),
                 ];
                 let unlocked = c.query_typed(UNLOCK_IF_RECORDED, &unlock_params);
-                tokio::time::timeout(HEARTBEAT_DEADLINE, in_order(record, unlocked)).await
+                self.bounded(t, in_order(record, unlocked)).await
             }
         };
         if matches!(&answered, Ok((Err(_), _) | (_, Err(_)))) {
@@ -95,7 +95,14 @@ impl Hub {
         }
         match answered {
             Ok((Ok(_), Ok(rows))) if rows.len() == 1 => Release::Done(Ok(())),
-            Ok((Err(e), _)) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+            // A fencing transaction holds the row, or the write was ended
+            // for holding up the other leases (`bounded`): the lock stays
+            // (its unlock runs only after the row says released) and the
+            // row is written on a connection of its own.
+            Ok((Err(e), _))
+                if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE)
+                    || e.code() == Some(&SqlState::QUERY_CANCELED) =>
+            {
                 Release::RowLocked
             }
             Ok((recorded, _)) => {
