@@ -483,11 +483,12 @@ pub(crate) async fn probe(target: &Target, conn: &Conn, pid: i32) -> Result<()> 
 }
 
 /// A cancel request for what `conn`'s session runs now, carried by a new
-/// connection: a future that ends once the server took it (it signals the
-/// backend before it closes the request's connection), or could not be
-/// reached. Spawned, so that a server slow to take it cannot stretch a
-/// caller's bound on giving up, and awaited before the session's next
-/// statement, which a request still on its way would end.
+/// connection: a future that ends once the request is sent (the server
+/// acts on it a moment later), or the server could not be reached.
+/// Spawned, so that a server slow to take it cannot stretch a caller's
+/// bound on giving up. A request that lands after the statement ended by
+/// itself ends the session's next statement instead (an idle session
+/// ignores it): callers write what matters so that a retry is safe.
 pub(crate) fn cancel_request(
     target: &Arc<Target>,
     conn: &Conn,

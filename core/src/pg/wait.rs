@@ -15,11 +15,11 @@ use super::confirm::Confirmed;
 use super::conn::{
     cancel_request, holds, in_order, io_error, pg_error, pooler, release_within, unlock,
     upsert_sql, Conn, Pooled, CANCEL_GRACE, CANCEL_RETRY, FOREIGN_LOCKS, POOLER_CHECK,
-    ROW_LOCK_TIMEOUT,
+    ROW_LOCK_TIMEOUT, UPDATE_RELEASED,
 };
 use super::inspect::contention;
 use super::link::Cmd;
-use super::session::{Run, Step};
+use super::session::{Run, Step, HEARTBEAT_DEADLINE};
 use super::write::Claimed;
 use crate::error::Error;
 
@@ -168,13 +168,10 @@ impl Run {
             }
         };
         // A cancel request that came as the statements ended by themselves
-        // would end the next one (a release's row write): each is seen
-        // delivered, then a statement of no consequence takes it.
-        if !cancels.is_empty() {
-            for c in cancels {
-                let _ = tokio::time::timeout(CANCEL_GRACE, c).await;
-            }
-            let _ = tokio::time::timeout(CANCEL_GRACE, c.simple_query("SELECT 1")).await;
+        // ends the next one instead: each is sent before anything else is,
+        // and the release below asks again when it meets one.
+        for c in cancels {
+            let _ = tokio::time::timeout(CANCEL_GRACE, c).await;
         }
         // The row the pipeline's write wrote, if any.
         let rows = wrote;
@@ -223,9 +220,7 @@ impl Run {
                 // so the next holder reads no crash.
                 match rows {
                     Some(rows @ Ok(_)) if row_written => match self.written(c, pid, rows).await {
-                        Ok(w) => {
-                            let _ = release_within(c, &t, w.generation).await;
-                        }
+                        Ok(w) => release_given_up(c, &t, w.generation).await,
                         Err(_) => {
                             let _ = unlock(c, t.key).await;
                         }
@@ -277,6 +272,27 @@ impl Run {
             table,
             waited: true,
             claimed,
+        }
+    }
+}
+
+/// The release of a row written for a wait that was given up: the row says
+/// released before the lock goes (so the next holder reads no crash), the
+/// write asked again when a cancel request meant for the wait ended it
+/// (a request ends one statement), and the lock kept if it never lands
+/// (the connection's close, next, frees it).
+async fn release_given_up(c: &tokio_postgres::Client, t: &super::target::Target, generation: i64) {
+    let params: [(&(dyn ToSql + Sync), Type); 2] =
+        [(&t.name, Type::TEXT), (&generation, Type::INT8)];
+    for _ in 0..3 {
+        let write = c.query_typed(UPDATE_RELEASED, &params);
+        match tokio::time::timeout(HEARTBEAT_DEADLINE, write).await {
+            Ok(Ok(_)) => {
+                let _ = tokio::time::timeout(HEARTBEAT_DEADLINE, unlock(c, t.key)).await;
+                return;
+            }
+            Ok(Err(e)) if e.code() == Some(&SqlState::QUERY_CANCELED) => continue,
+            _ => return,
         }
     }
 }

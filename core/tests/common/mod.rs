@@ -60,6 +60,14 @@ pub fn unique(prefix: &str) -> String {
 /// One statement as the superuser over the cluster's Unix socket (as the
 /// `postgres` user when the tests run as root): its output, trimmed.
 pub fn psql(sql: &str) -> String {
+    let (ok, out, err) = psql_output(sql);
+    assert!(ok, "psql {sql}: {err}");
+    out
+}
+
+/// `psql`, never panicking (for a test's clean-up, which may run while the
+/// test unwinds): whether it succeeded, its output and its errors.
+pub fn psql_output(sql: &str) -> (bool, String, String) {
     let exe = format!("{}/psql", env("SIDELEASE_TEST_PG_BIN"));
     let mut cmd = if rustix::process::geteuid().is_root() {
         let mut c = Command::new("runuser");
@@ -83,14 +91,15 @@ pub fn psql(sql: &str) -> String {
             &port,
         ])
         .args(["-U", "postgres", "-d", "app", "-c", sql])
-        .output()
-        .expect("psql");
-    assert!(
-        out.status.success(),
-        "psql {sql}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+        .output();
+    match out {
+        Ok(out) => (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        ),
+        Err(e) => (false, String::new(), e.to_string()),
+    }
 }
 
 /// SQL for the advisory locks of the lease `name` in `pg_locks`.

@@ -503,10 +503,15 @@ impl Hub {
         if let Ok(r) = tokio::time::timeout(share, &mut answer).await {
             return Ok(r);
         }
-        let _ = tokio::time::timeout(share, cancel_request(t, &self.conn)).await;
+        // Spawned, so that a request slower than the share still goes.
+        let _ = tokio::time::timeout(share, tokio::spawn(cancel_request(t, &self.conn))).await;
         let answered = tokio::time::timeout(HEARTBEAT_DEADLINE, &mut answer).await;
-        // Had they ended by themselves as the request came, it would end
-        // the next statement (a heartbeat): one of no consequence takes it.
+        // Had they ended by themselves as the request came, it could end
+        // the next statement: one of no consequence takes it when it lands
+        // soon enough (the driver does not wait for the server to act on
+        // it), and the statements after treat a cancel they meet as a
+        // statement to ask again (a heartbeat unanswered, a release's row
+        // written on a side connection, a given-back row next time).
         if answered.is_ok() {
             let absorb = self.conn.client.simple_query("SELECT 1");
             let _ = tokio::time::timeout(HEARTBEAT_DEADLINE, absorb).await;
@@ -618,8 +623,15 @@ impl Hub {
                     // Written, or not writable from here (no table, no
                     // privilege): no row of this try to record either way.
                     Ok(Ok(_)) => {}
-                    Ok(Err(e)) if e.code() != Some(&SqlState::LOCK_NOT_AVAILABLE) => {}
-                    Ok(Err(_)) => continue,
+                    // A row lock, or a cancel request meant for an earlier
+                    // statement (see `bounded`): tried again next time.
+                    Ok(Err(e))
+                        if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE)
+                            || e.code() == Some(&SqlState::QUERY_CANCELED) =>
+                    {
+                        continue
+                    }
+                    Ok(Err(_)) => {}
                     // Stalled again: the next answered heartbeat goes on.
                     Err(_) => return,
                 }
