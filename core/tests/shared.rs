@@ -527,6 +527,48 @@ fn through_pgbouncer_a_shared_session_works_in_session_mode_and_is_refused_other
     }
 }
 
+/// Two leases on the shared session, and how many of them were lost.
+struct Kept {
+    leases: Vec<Lease>,
+    lost: Arc<AtomicUsize>,
+}
+
+impl Kept {
+    fn acquire(base: &str) -> Kept {
+        let leases: Vec<Lease> = (0..2)
+            .map(|_| Lease::acquire(shared_url(base, &unique("kept")), &Options::new()).unwrap())
+            .collect();
+        let lost = Arc::new(AtomicUsize::new(0));
+        for l in &leases {
+            let lost = lost.clone();
+            l.on_lost(move |_| {
+                lost.fetch_add(1, Ordering::SeqCst);
+            })
+            .unwrap();
+        }
+        Kept { leases, lost }
+    }
+
+    /// Each held and confirmed now, none ever lost.
+    fn still_held(&self) {
+        for l in &self.leases {
+            assert_eq!(l.state(), LeaseState::Held);
+            l.ensure_held().unwrap();
+        }
+        assert_eq!(
+            self.lost.load(Ordering::SeqCst),
+            0,
+            "a lease on the session was lost"
+        );
+    }
+
+    fn release(self) {
+        for l in self.leases {
+            l.release().unwrap();
+        }
+    }
+}
+
 /// Drops what a test made on the server, even when the test fails.
 struct OnServer(String);
 
@@ -550,17 +592,7 @@ impl Drop for OnServer {
 fn a_slow_statement_for_one_lease_costs_the_others_on_the_session_nothing() {
     let _alone = alone();
     let base = env("SIDELEASE_TEST_PG");
-    let others: Vec<Lease> = (0..2)
-        .map(|_| Lease::acquire(shared_url(&base, &unique("kept")), &Options::new()).unwrap())
-        .collect();
-    let lost = Arc::new(AtomicUsize::new(0));
-    for l in &others {
-        let lost = lost.clone();
-        l.on_lost(move |_| {
-            lost.fetch_add(1, Ordering::SeqCst);
-        })
-        .unwrap();
-    }
+    let others = Kept::acquire(&base);
     let slow = unique("slow");
     let f = unique("slow_row").replace('-', "_");
     psql(&format!(
@@ -579,19 +611,9 @@ fn a_slow_statement_for_one_lease_costs_the_others_on_the_session_nothing() {
     // Its own connection waited out the trigger (1.5 s, once or twice).
     assert!(took < Duration::from_secs(6), "{took:?}");
     std::thread::sleep(Duration::from_millis(1500));
-    for l in &others {
-        assert_eq!(l.state(), LeaseState::Held);
-        l.ensure_held().unwrap();
-    }
-    assert_eq!(
-        lost.load(Ordering::SeqCst),
-        0,
-        "a lease on the session was lost"
-    );
+    others.still_held();
     got.release().unwrap();
-    for l in others {
-        l.release().unwrap();
-    }
+    others.release();
 }
 
 /// The same with a commit that never returns: the role commits
@@ -620,17 +642,7 @@ fn a_commit_waiting_for_a_lost_synchronous_standby_costs_the_others_nothing() {
     psql("ALTER SYSTEM SET synchronous_standby_names = 'sidelease_gone_standby'");
     let _standby = OnServer("ALTER SYSTEM RESET synchronous_standby_names".into());
     psql("SELECT pg_reload_conf()");
-    let others: Vec<Lease> = (0..2)
-        .map(|_| Lease::acquire(shared_url(&base, &unique("kept")), &Options::new()).unwrap())
-        .collect();
-    let lost = Arc::new(AtomicUsize::new(0));
-    for l in &others {
-        let lost = lost.clone();
-        l.on_lost(move |_| {
-            lost.fetch_add(1, Ordering::SeqCst);
-        })
-        .unwrap();
-    }
+    let others = Kept::acquire(&base);
     let t = Instant::now();
     let one = Lease::acquire(shared_url(&base, &unique("stalled")), &Options::new());
     let took = t.elapsed();
@@ -643,17 +655,7 @@ fn a_commit_waiting_for_a_lost_synchronous_standby_costs_the_others_nothing() {
         "{took:?}"
     );
     std::thread::sleep(Duration::from_millis(1500));
-    for l in &others {
-        assert_eq!(l.state(), LeaseState::Held);
-        l.ensure_held().unwrap();
-    }
-    assert_eq!(
-        lost.load(Ordering::SeqCst),
-        0,
-        "a lease on the session was lost"
-    );
+    others.still_held();
     one.release().unwrap();
-    for l in others {
-        l.release().unwrap();
-    }
+    others.release();
 }
