@@ -98,12 +98,15 @@ pub fn start_time(pid: u32) -> Option<u64> {
 /// `Some(false)` while a thread of it runs. `None` when that cannot be
 /// told: the PID names a process that started at another time (reused),
 /// `/proc` would not say, or it is still on its way out after `EXITING`.
-/// A process on its way out (`PF_EXITING`) has closed its files, so its
-/// connections, before the kernel tells its children's `PR_SET_PDEATHSIG`
-/// as its last step: it is waited for that long (microseconds, at most
-/// `EXITING`), so "exited" means its children were told.
+/// A process on its way out (a thread in `do_exit`, `PF_EXITING`, or one
+/// with a SIGKILL pending that has not had a core yet) may have closed its
+/// files, so its connections, before the kernel tells its children's
+/// `PR_SET_PDEATHSIG` as its last step: it is waited for that long
+/// (microseconds when the machine is idle; at most `EXITING`, which a
+/// machine with every core busy took more than 50 ms of), so "exited"
+/// means its children were told.
 pub fn exited(pid: u32, start: u64) -> Option<bool> {
-    const EXITING: std::time::Duration = std::time::Duration::from_millis(50);
+    const EXITING: std::time::Duration = std::time::Duration::from_millis(250);
     let t0 = std::time::Instant::now();
     loop {
         match tasks_exited(pid, start)? {
@@ -149,12 +152,45 @@ fn tasks_exited(pid: u32, start: u64) -> Option<Exit> {
         if matches!(state, b'Z' | b'X') {
             continue;
         }
-        if flags & PF_EXITING == 0 {
+        // A thread the SIGKILL has not reached yet (on a busy machine it
+        // waits for a core; the thread that closed the connection had one)
+        // has it pending: it can run no code of the program again.
+        if flags & PF_EXITING == 0 && !sigkill_pending(&task_status(pid, &stat)?) {
             return Some(Exit::Running);
         }
         exiting = true;
     }
     Some(if exiting { Exit::Exiting } else { Exit::Exited })
+}
+
+/// The `status` of the thread whose `stat` is `stat` (its TID is field 1),
+/// or `None` when it cannot be read (a thread gone since reads as empty).
+fn task_status(pid: u32, stat: &[u8]) -> Option<Vec<u8>> {
+    let tid = std::str::from_utf8(stat.split(|&b| b == b' ').next()?).ok()?;
+    match std::fs::read(format!("/proc/{pid}/task/{tid}/status")) {
+        Ok(s) => Some(s),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(Vec::new()),
+        Err(_) => None,
+    }
+}
+
+/// Whether a thread's `status` shows SIGKILL pending, for the thread
+/// (`SigPnd`) or its process (`ShdPnd`): a signal that cannot be blocked,
+/// caught or ignored, so the thread dies before it runs the program again.
+fn sigkill_pending(status: &[u8]) -> bool {
+    const SIGKILL_BIT: u64 = 1 << (libc::SIGKILL - 1);
+    status.split(|&b| b == b'\n').any(|line| {
+        let Some(hex) = line
+            .strip_prefix(b"SigPnd:")
+            .or_else(|| line.strip_prefix(b"ShdPnd:"))
+        else {
+            return false;
+        };
+        std::str::from_utf8(hex)
+            .ok()
+            .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
+            .is_some_and(|m| m & SIGKILL_BIT != 0)
+    })
 }
 
 /// A task's state letter (field 3) and kernel flags (field 9) from its
@@ -441,6 +477,27 @@ pub fn end_with_parent(parent: u32) -> io::Result<bool> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_pending_sigkill_is_read_from_a_threads_status() {
+        let status = |pnd: &str, shd: &str| {
+            format!("Name:\tx\nState:\tR (running)\nSigPnd:\t{pnd}\nShdPnd:\t{shd}\nSigBlk:\t0000000000000100\n")
+        };
+        assert!(!super::sigkill_pending(
+            status("0000000000000000", "0000000000000000").as_bytes()
+        ));
+        assert!(super::sigkill_pending(
+            status("0000000000000100", "0000000000000000").as_bytes()
+        ));
+        assert!(super::sigkill_pending(
+            status("0000000000000000", "0000000000004100").as_bytes()
+        ));
+        // SIGTERM (15) and SIGSTOP (19) pending are not SIGKILL.
+        assert!(!super::sigkill_pending(
+            status("0000000000004000", "0000000000040000").as_bytes()
+        ));
+        assert!(!super::sigkill_pending(b""));
+    }
+
     use super::*;
 
     #[test]
