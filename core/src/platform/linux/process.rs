@@ -102,11 +102,11 @@ pub fn start_time(pid: u32) -> Option<u64> {
 /// with a SIGKILL pending that has not had a core yet) may have closed its
 /// files, so its connections, before the kernel tells its children's
 /// `PR_SET_PDEATHSIG` as its last step: it is waited for that long
-/// (microseconds when the machine is idle; at most `EXITING`, which a
-/// machine with every core busy took more than 50 ms of), so "exited"
-/// means its children were told.
+/// (microseconds, at most `EXITING`: the caller may be a shared session's
+/// thread, whose other leases wait), so "exited" means its children were
+/// told.
 pub fn exited(pid: u32, start: u64) -> Option<bool> {
-    const EXITING: std::time::Duration = std::time::Duration::from_millis(250);
+    const EXITING: std::time::Duration = std::time::Duration::from_millis(50);
     let t0 = std::time::Instant::now();
     loop {
         match tasks_exited(pid, start)? {
@@ -155,21 +155,32 @@ fn tasks_exited(pid: u32, start: u64) -> Option<Exit> {
         // A thread the SIGKILL has not reached yet (on a busy machine it
         // waits for a core; the thread that closed the connection had one)
         // has it pending: it can run no code of the program again.
-        if flags & PF_EXITING == 0 && !sigkill_pending(&task_status(pid, &stat)?) {
-            return Some(Exit::Running);
+        if flags & PF_EXITING == 0 {
+            match task_status(pid, &stat)? {
+                // That thread is gone since.
+                None => continue,
+                Some(status) if !sigkill_pending(&status) => return Some(Exit::Running),
+                Some(_) => {}
+            }
         }
         exiting = true;
     }
     Some(if exiting { Exit::Exiting } else { Exit::Exited })
 }
 
-/// The `status` of the thread whose `stat` is `stat` (its TID is field 1),
-/// or `None` when it cannot be read (a thread gone since reads as empty).
-fn task_status(pid: u32, stat: &[u8]) -> Option<Vec<u8>> {
+/// The `status` of the thread whose `stat` is `stat` (its TID is field 1):
+/// `Some(None)` when that thread is gone since (no such file, or `ESRCH`
+/// from a read that began as it went), `None` when it cannot be read.
+fn task_status(pid: u32, stat: &[u8]) -> Option<Option<Vec<u8>>> {
     let tid = std::str::from_utf8(stat.split(|&b| b == b' ').next()?).ok()?;
     match std::fs::read(format!("/proc/{pid}/task/{tid}/status")) {
-        Ok(s) => Some(s),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(Vec::new()),
+        Ok(s) => Some(Some(s)),
+        Err(e)
+            if e.kind() == std::io::ErrorKind::NotFound
+                || e.raw_os_error() == Some(libc::ESRCH) =>
+        {
+            Some(None)
+        }
         Err(_) => None,
     }
 }
