@@ -633,16 +633,26 @@ fn a_commit_waiting_for_a_lost_synchronous_standby_costs_the_others_nothing() {
         Duration::from_secs(5),
         || my_sessions() == 0,
     );
-    // The role first (its own commit waits for no standby yet), then the
-    // standby; undone last to first: the standby's setting reset and the
-    // server reloaded, then the role.
+    // The role first, then the shared session with the leases already held
+    // (its commits wait for no standby yet), then the standby; undone last
+    // to first: the standby's setting reset and the server reloaded, then
+    // the role.
     psql("ALTER ROLE app SET synchronous_commit = on");
     let _role = OnServer("ALTER ROLE app RESET synchronous_commit".into());
     let _reload = OnServer("SELECT pg_reload_conf()".into());
+    let others = Kept::acquire(&base);
     psql("ALTER SYSTEM SET synchronous_standby_names = 'sidelease_gone_standby'");
     let _standby = OnServer("ALTER SYSTEM RESET synchronous_standby_names".into());
     psql("SELECT pg_reload_conf()");
-    let others = Kept::acquire(&base);
+    // The reload is a signal the server handles when it gets to it: once a
+    // new session sees the standby, the server has told every session, and
+    // the shared one takes the setting before its next statement (on a busy
+    // machine the acquisition below came first, and waited for nothing).
+    eventually(
+        "a new session waiting for the gone standby",
+        Duration::from_secs(10),
+        || psql("SHOW synchronous_standby_names").trim() == "sidelease_gone_standby",
+    );
     let t = Instant::now();
     let one = Lease::acquire(shared_url(&base, &unique("stalled")), &Options::new());
     let took = t.elapsed();
