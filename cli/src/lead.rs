@@ -242,7 +242,7 @@ fn campaign(a: &LeadArgs, elector: &Elector, ctl: &Ctl) -> ExitCode {
 /// works beside the next one.
 fn lead(a: &LeadArgs, term: &Term, ctl: &Ctl) -> Result<std::process::ExitStatus, ExitCode> {
     // Before the command: it starts only once the watchdog knows it.
-    let dog = Watchdog::start(term.lease());
+    let dog = Watchdog::start(term.lease(), a.kill_after);
     let spawn = child::Spawn {
         command: &a.command,
         no_inherit: false,

@@ -72,7 +72,7 @@ enum Command {
     Lead(lead::LeadArgs),
     /// `lead`'s watchdog over its command's process group (internal).
     #[command(name = "__watchdog", hide = true)]
-    Watchdog { quiet: String },
+    Watchdog { quiet: String, grace: String },
 }
 
 fn main() -> ExitCode {
@@ -85,7 +85,7 @@ fn main() -> ExitCode {
         } => status::run(&target, &suffix, json),
         Command::Hold(args) => hold::run(args),
         Command::Lead(args) => lead::run(args),
-        Command::Watchdog { quiet } => watchdog::run(&quiet),
+        Command::Watchdog { quiet, grace } => watchdog::run(&quiet, &grace),
     }
 }
 

@@ -6,9 +6,11 @@
 //! process of its own in a process group of its own (a SIGSTOP of `lead`'s
 //! group does not reach it), until when the lease counts as held, on the
 //! machine's boot clock. When the feed has gone quiet and that moment is
-//! near, the watchdog SIGKILLs the command's group. While `lead` runs and
-//! feeds it, the watchdog does nothing: a loss is `lead`'s to handle
-//! (`--on-lost`, `--kill-after`).
+//! near, and `lead` is stopped (where the platform can tell: `/proc`), the
+//! watchdog SIGKILLs the command's group. While `lead` runs, the watchdog
+//! does nothing, fed or not (a busy machine delays a feed): a loss is
+//! `lead`'s to handle (`--on-lost`, `--kill-after`), unless `lead` has fed
+//! nothing for `--kill-after` past the deadline (hung).
 //!
 //! The command tells the watchdog its process group itself, between fork
 //! and exec, after the first deadline is in the pipe: a `lead` stopped at
@@ -25,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sidelease::platform::clock::boot_ms;
-use sidelease::platform::process::self_exe;
+use sidelease::platform::process::{self_exe, stopped};
 use sidelease::Lease;
 
 /// The name of the hidden subcommand the watchdog runs as.
@@ -54,7 +56,12 @@ struct Timing {
 
 impl Timing {
     fn of(bound: Duration) -> Timing {
-        let margin = (bound.as_millis() as u64 / 4).clamp(4, 50);
+        // A quarter of the bound, up to 250 ms: the kill must beat the bound
+        // on a machine that runs late too. On the 2-core CI machines a busy
+        // CPU delayed a 10 ms wake-up by up to 98 ms, and a 50 ms margin was
+        // overrun there. A larger one costs a running `lead` nothing: it is
+        // acted on only once the feed went quiet as well.
+        let margin = (bound.as_millis() as u64 / 4).clamp(4, 250);
         Timing {
             margin,
             quiet: margin / 2,
@@ -74,11 +81,11 @@ pub struct Watchdog {
 
 impl Watchdog {
     /// Start a watchdog, fed from `lease` by a thread of its own until
-    /// disarmed; the first deadline is in its pipe when this returns. `None`
+    /// disarmed (`grace`: `--kill-after`); the first deadline is in its pipe when this returns. `None`
     /// when the lease needs none (a lease file); `None`, said on stderr,
     /// when a watchdog cannot be had (the command then runs unwatched, as
     /// before there were watchdogs).
-    pub fn start(lease: &Lease) -> Option<Watchdog> {
+    pub fn start(lease: &Lease, grace: Duration) -> Option<Watchdog> {
         let bound = lease.held_for()?;
         let fail = |why: &dyn std::fmt::Display| -> Option<Watchdog> {
             eprintln!(
@@ -96,6 +103,7 @@ impl Watchdog {
         let mut cmd = Command::new(self_exe());
         cmd.arg(SUBCOMMAND)
             .arg(timing.quiet.to_string())
+            .arg(grace.as_millis().to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped());
         // A group of its own: neither a SIGSTOP of `lead`'s group nor the
@@ -246,15 +254,26 @@ pub fn gate((to, from): (i32, i32)) -> std::io::Result<()> {
 }
 
 /// The watchdog itself. `quiet`: how long the feed must have been silent
-/// before a passed deadline is acted on (milliseconds). SIGKILLs the
-/// command's group once the deadline passed and `lead` has fed nothing for
-/// that long; answers a disarm and exits; exits when `lead` is gone (the
-/// kernel ends the command with it).
-pub fn run(quiet: &str) -> std::process::ExitCode {
-    let Ok(quiet) = quiet.parse::<u64>() else {
-        eprintln!("sidelease {SUBCOMMAND}: not a number of milliseconds: {quiet:?}");
+/// before a passed deadline is acted on; `grace`: `lead`'s `--kill-after`
+/// (both milliseconds). SIGKILLs the command's group once the deadline
+/// passed and `lead` has fed nothing for that long, if `lead` is stopped
+/// (or the platform cannot tell); a `lead` that runs is only slow to feed
+/// it (a busy machine woke a thread up to 98 ms late here) and handles the
+/// loss itself, unless it has fed nothing for `grace` past the deadline
+/// either (hung). Answers a disarm and exits; exits when `lead` is gone
+/// (the kernel ends the command with it).
+pub fn run(quiet: &str, grace: &str) -> std::process::ExitCode {
+    let ms = |name: &str, v: &str| {
+        let n = v.parse::<u64>().ok();
+        if n.is_none() {
+            eprintln!("sidelease {SUBCOMMAND}: {name}: not a number of milliseconds: {v:?}");
+        }
+        n
+    };
+    let (Some(quiet), Some(grace)) = (ms("quiet", quiet), ms("grace", grace)) else {
         return std::process::ExitCode::from(2);
     };
+    let lead = std::os::unix::process::parent_id();
     let say = |b: &[u8]| {
         let mut o = std::io::stdout();
         let _ = o.write_all(b).and_then(|()| o.flush());
@@ -267,25 +286,38 @@ pub fn run(quiet: &str) -> std::process::ExitCode {
     let mut pending: Vec<u8> = Vec::with_capacity(16);
     loop {
         let now = boot_ms();
-        let due = match (group, deadline, killed) {
+        let mut wake = match (group, deadline, killed) {
             (Some(_), Some(d), false) => Some(d.max(heard + quiet)),
             _ => None,
         };
-        if let (Some(g), Some(at)) = (group, due) {
-            if now >= at {
+        if let (Some(g), Some(d), Some(at)) = (group, deadline, wake) {
+            let hung = d.max(heard) + grace;
+            let why = match stopped(lead) {
+                _ if now < at => None,
+                Some(false) if now < hung => {
+                    // Running: look again a little later (it may be
+                    // stopped by then, or feed again).
+                    wake = Some(now + quiet.clamp(1, hung - now));
+                    None
+                }
+                Some(false) => Some("it runs but has fed nothing since (hung?)"),
+                Some(true) => Some("it is stopped"),
+                None => Some("stopped?"),
+            };
+            if let Some(why) = why {
                 // SAFETY: kill has no memory effects; the group is the
                 // command's until `lead` disarms us, which it does before
                 // reaping it.
                 unsafe { libc::kill(-g, libc::SIGKILL) };
                 eprintln!(
                     "sidelease: watchdog: lead did not feed it and its lease's bound is near \
-                     (lead stopped?): killed the command (process group {g})"
+                     ({why}): killed the command (process group {g})"
                 );
                 killed = true;
                 continue;
             }
         }
-        let timeout = due.map_or(-1, |at| at.saturating_sub(now).min(i32::MAX as u64) as i32);
+        let timeout = wake.map_or(-1, |at| at.saturating_sub(now).min(i32::MAX as u64) as i32);
         let mut fds = [libc::pollfd {
             fd: 0,
             events: libc::POLLIN,

@@ -23,7 +23,8 @@ pub fn pids(line: &str) -> (u32, u32) {
     (it.next().unwrap(), it.next().unwrap())
 }
 
-/// A `lead` process, killed if a failed assertion leaves it running.
+/// A `lead` process, killed if a failed assertion leaves it running; what
+/// it said so far is printed then, for the failure's story.
 pub struct Lead(pub Child);
 
 impl Drop for Lead {
@@ -31,6 +32,20 @@ impl Drop for Lead {
         if let Ok(None) = self.0.try_wait() {
             let _ = self.0.kill();
             let _ = self.0.wait();
+        }
+        if let (true, Some(err)) = (std::thread::panicking(), self.0.stderr.as_mut()) {
+            // What is there now: its command or its watchdog may still hold
+            // the pipe open, and a read to the end would wait for them.
+            let fd = std::os::fd::AsRawFd::as_raw_fd(err);
+            // SAFETY: fcntl on the pipe this test reads.
+            unsafe { libc::fcntl(fd, libc::F_SETFL, libc::O_NONBLOCK) };
+            let mut said = Vec::new();
+            let _ = std::io::Read::read_to_end(err, &mut said);
+            eprintln!(
+                "lead {} said:\n{}",
+                self.0.id(),
+                String::from_utf8_lossy(&said)
+            );
         }
     }
 }

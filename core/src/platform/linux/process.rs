@@ -92,6 +92,18 @@ pub fn start_time(pid: u32) -> Option<u64> {
     parse_start_time(&stat)
 }
 
+/// Whether the process `pid` is stopped (a SIGSTOP, a job-control stop, a
+/// tracer's stop): its main thread's state, `T` or `t`. `None` when no such
+/// process is visible.
+pub fn stopped(pid: u32) -> Option<bool> {
+    let stat = std::fs::read(format!("/proc/{pid}/task/{pid}/stat")).ok()?;
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    let state = stat[close + 1..]
+        .iter()
+        .find(|b| !b.is_ascii_whitespace())?;
+    Some(matches!(state, b'T' | b't'))
+}
+
 /// Whether the process `pid` that started at `start` (clock ticks since
 /// boot) has ended: `Some(true)` when no process has that PID, or when
 /// every thread of it has exited (a zombie its parent has not reaped);
@@ -488,6 +500,34 @@ pub fn end_with_parent(parent: u32) -> io::Result<bool> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_stopped_process_is_told_from_a_running_one() {
+        let mut c = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = c.id();
+        assert_eq!(super::stopped(pid), Some(false));
+        let signal = |sig| {
+            // SAFETY: kill(2) on the child this test started.
+            unsafe { libc::kill(pid as i32, sig) };
+        };
+        signal(libc::SIGSTOP);
+        let t0 = std::time::Instant::now();
+        while super::stopped(pid) != Some(true) {
+            assert!(t0.elapsed().as_secs() < 5, "not seen stopped");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        signal(libc::SIGCONT);
+        while super::stopped(pid) != Some(false) {
+            assert!(t0.elapsed().as_secs() < 5, "not seen continued");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        c.kill().unwrap();
+        c.wait().unwrap();
+        assert_eq!(super::stopped(pid), None, "reaped: no such process");
+    }
+
     #[test]
     fn a_pending_sigkill_is_read_from_a_threads_status() {
         let status = |pnd: &str, shd: &str| {

@@ -41,6 +41,12 @@ pub fn start_time(_pid: u32) -> Option<u64> {
     None
 }
 
+/// Whether the process `pid` is stopped: not to be told without `/proc`
+/// (callers act as if it were).
+pub fn stopped(_pid: u32) -> Option<bool> {
+    None
+}
+
 /// Whether the process `pid` has ended: `Some(true)` when no process has
 /// that PID; otherwise unknown (no start time to tell a reused PID by, no
 /// zombie to see).
