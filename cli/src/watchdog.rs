@@ -10,7 +10,7 @@
 //! watchdog SIGKILLs the command's group. While `lead` runs, the watchdog
 //! does nothing, fed or not (a busy machine delays a feed): a loss is
 //! `lead`'s to handle (`--on-lost`, `--kill-after`), unless `lead` has fed
-//! nothing for `--kill-after` past the deadline (hung).
+//! nothing for `--kill-after` past the bound (hung).
 //!
 //! The command tells the watchdog its process group itself, between fork
 //! and exec, after the first deadline is in the pipe: a `lead` stopped at
@@ -253,15 +253,15 @@ pub fn gate((to, from): (i32, i32)) -> std::io::Result<()> {
     Ok(())
 }
 
-/// The watchdog itself. `quiet`: how long the feed must have been silent
-/// before a passed deadline is acted on; `grace`: `lead`'s `--kill-after`
-/// (both milliseconds). SIGKILLs the command's group once the deadline
-/// passed and `lead` has fed nothing for that long, if `lead` is stopped
-/// (or the platform cannot tell); a `lead` that runs is only slow to feed
-/// it (a busy machine woke a thread up to 98 ms late here) and handles the
-/// loss itself, unless it has fed nothing for `grace` past the deadline
-/// either (hung). Answers a disarm and exits; exits when `lead` is gone
-/// (the kernel ends the command with it).
+/// The watchdog itself. `quiet`: half the margin the deadlines carry;
+/// `grace`: `lead`'s `--kill-after` (both milliseconds). Once a deadline
+/// passed, SIGKILLs the command's group if `lead` is stopped, looking every
+/// few milliseconds; a `lead` that runs handles the loss itself, however
+/// late its feed (a busy machine woke a thread up to 98 ms late here),
+/// unless it has fed nothing for `grace` past the bound (hung). Where the
+/// platform cannot tell a stopped process, a feed quiet for `quiet` past
+/// the deadline counts as a stop. Answers a disarm and exits; exits when
+/// `lead` is gone (the kernel ends the command with it).
 pub fn run(quiet: &str, grace: &str) -> std::process::ExitCode {
     let ms = |name: &str, v: &str| {
         let n = v.parse::<u64>().ok();
@@ -284,25 +284,46 @@ pub fn run(quiet: &str, grace: &str) -> std::process::ExitCode {
     let mut heard = boot_ms();
     let mut killed = false;
     let mut pending: Vec<u8> = Vec::with_capacity(16);
+    // The margin before the bound that the deadlines carry (Timing::of).
+    let margin = quiet.saturating_mul(2);
+    // A running `lead` past its deadline is looked at this often: a stop
+    // is caught within it, fed or not.
+    let recheck = quiet.clamp(1, 5);
     loop {
         let now = boot_ms();
-        let mut wake = match (group, deadline, killed) {
-            (Some(_), Some(d), false) => Some(d.max(heard + quiet)),
-            _ => None,
-        };
-        if let (Some(g), Some(d), Some(at)) = (group, deadline, wake) {
-            let hung = d.max(heard) + grace;
-            let why = match stopped(lead) {
-                _ if now < at => None,
-                Some(false) if now < hung => {
-                    // Running: look again a little later (it may be
-                    // stopped by then, or feed again).
-                    wake = Some(now + quiet.clamp(1, hung - now));
-                    None
+        let mut wake = None;
+        if let (Some(g), Some(d), false) = (group, deadline, killed) {
+            // From the bound on, as long again as `lead` gives its command
+            // after a SIGTERM (at least the margin), counted from the last
+            // feed if that is later: a running `lead` that fed nothing for
+            // that long is hung.
+            let hung = d
+                .saturating_add(margin)
+                .saturating_add(grace.max(margin))
+                .max(heard.saturating_add(grace.max(margin)));
+            let why = if now < d {
+                wake = Some(d);
+                None
+            } else {
+                match stopped(lead) {
+                    Some(true) => Some("its lease's bound is near and it is stopped"),
+                    Some(false) if now < hung => {
+                        // Running: it handles the loss itself; look again
+                        // (it may be stopped by then, or hung).
+                        wake = Some(now + recheck.min(hung - now));
+                        None
+                    }
+                    Some(false) => {
+                        Some("its lease's bound passed and it runs, fed nothing since: hung?")
+                    }
+                    // Not to be told here: silence for `quiet` counts as
+                    // a stop.
+                    None if now < heard.saturating_add(quiet) => {
+                        wake = Some(heard.saturating_add(quiet));
+                        None
+                    }
+                    None => Some("its lease's bound is near: stopped?"),
                 }
-                Some(false) => Some("it runs but has fed nothing since (hung?)"),
-                Some(true) => Some("it is stopped"),
-                None => Some("stopped?"),
             };
             if let Some(why) = why {
                 // SAFETY: kill has no memory effects; the group is the
@@ -310,8 +331,8 @@ pub fn run(quiet: &str, grace: &str) -> std::process::ExitCode {
                 // reaping it.
                 unsafe { libc::kill(-g, libc::SIGKILL) };
                 eprintln!(
-                    "sidelease: watchdog: lead did not feed it and its lease's bound is near \
-                     ({why}): killed the command (process group {g})"
+                    "sidelease: watchdog: lead did not feed it ({why}): killed the command \
+                     (process group {g})"
                 );
                 killed = true;
                 continue;

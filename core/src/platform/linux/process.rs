@@ -93,15 +93,30 @@ pub fn start_time(pid: u32) -> Option<u64> {
 }
 
 /// Whether the process `pid` is stopped (a SIGSTOP, a job-control stop, a
-/// tracer's stop): its main thread's state, `T` or `t`. `None` when no such
-/// process is visible.
+/// tracer's stop): any of its threads in state `T` or `t` (a stop reaches
+/// the threads one by one, and one of them may be in `D` meanwhile).
+/// `None` when no such process is visible.
 pub fn stopped(pid: u32) -> Option<bool> {
-    let stat = std::fs::read(format!("/proc/{pid}/task/{pid}/stat")).ok()?;
-    let close = stat.iter().rposition(|&b| b == b')')?;
-    let state = stat[close + 1..]
-        .iter()
-        .find(|b| !b.is_ascii_whitespace())?;
-    Some(matches!(state, b'T' | b't'))
+    let state = |stat: &[u8]| {
+        let close = stat.iter().rposition(|&b| b == b')')?;
+        stat[close + 1..]
+            .iter()
+            .find(|b| !b.is_ascii_whitespace())
+            .copied()
+    };
+    let main = std::fs::read(format!("/proc/{pid}/task/{pid}/stat")).ok()?;
+    let is_stop = |s: Option<u8>| matches!(s, Some(b'T' | b't'));
+    if is_stop(state(&main)) {
+        return Some(true);
+    }
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Some(false);
+    };
+    Some(
+        tasks
+            .flatten()
+            .any(|t| std::fs::read(t.path().join("stat")).is_ok_and(|stat| is_stop(state(&stat)))),
+    )
 }
 
 /// Whether the process `pid` that started at `start` (clock ticks since
