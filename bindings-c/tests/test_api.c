@@ -168,6 +168,14 @@ static void test_lease_lifecycle(void) {
     EXPECT(sidelease_acquire(db, NULL, NULL, NULL), SIDELEASE_ERR_NULL_ARGUMENT);
     EXPECT(sidelease_acquire("", NULL, NULL, &a), SIDELEASE_ERR_INVALID_ARGUMENT);
     CHECK(last_error_contains("`target`"));
+    {
+        /* A lease file named as the target: refused, naming its database. */
+        char lease[600], meant[600];
+        snprintf(lease, sizeof lease, "%s.backend-lease", db);
+        snprintf(meant, sizeof meant, "did you mean %s?", db);
+        EXPECT(sidelease_acquire(lease, NULL, NULL, &a), SIDELEASE_ERR_INVALID_ARGUMENT);
+        CHECK(last_error_contains("is a lease file") && last_error_contains(meant));
+    }
 
     sidelease_options *o = NULL;
     sidelease_options_new(&o);

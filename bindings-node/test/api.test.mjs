@@ -169,6 +169,21 @@ describe('errors', () => {
     }
   });
 
+  test('a lease file named as the target is refused, naming its database', async () => {
+    const db = path.join(tmpdir(), 'app.db');
+    const lease = `${db}.backend-lease`;
+    const refused = (e) => {
+      assert.equal(e.code, 'SIDELEASE_INVALID_ARGUMENT');
+      assert.equal(e.argument, 'target');
+      assert.ok(e.message.includes(`${lease} is a lease file`) && e.message.includes(`did you mean ${db}?`), e.message);
+      return true;
+    };
+    assert.throws(() => sidelease.acquire(lease), refused);
+    assert.throws(() => sidelease.inspect(lease), refused);
+    await assert.rejects(sidelease.acquireAsync(lease), refused);
+    assert.ok(!fs.existsSync(`${lease}.backend-lease`), 'no lease file of the lease file');
+  });
+
   test('unknown options and metadata JSON cannot hold are refused, naming them', () => {
     const db = path.join(tmpdir(), 'app.db');
     const cases = [

@@ -263,6 +263,14 @@ def test_bad_targets(db: str) -> None:
         sidelease.acquire("a\0b")
 
 
+def test_a_lease_file_as_the_target_is_refused_naming_its_database(db: str) -> None:
+    lease = db + ".backend-lease"
+    for call in (sidelease.acquire, sidelease.inspect):
+        with pytest.raises(sidelease.InvalidArgument, match="is a lease file") as ei:
+            call(lease)
+        assert f"did you mean {db}?" in str(ei.value), call
+
+
 @pytest.mark.parametrize(
     "args, kwargs",
     [

@@ -33,6 +33,29 @@ def test_acquire_async_when_free(db: str) -> None:
     run(main())
 
 
+def test_async_with_acquire_async_releases_on_the_way_out(db: str) -> None:
+    """``async with sidelease.acquire_async(db) as lease:`` as filelock's
+    ``async with AsyncFileLock(...)`` (issue 39: it raised, and warned of a
+    coroutine never awaited)."""
+
+    async def main() -> None:
+        async with sidelease.acquire_async(db, metadata={"a": 1}) as lease:
+            assert lease.state == "held" and lease.record["metadata"] == {"a": 1}
+            assert sidelease.inspect(db)["state"] == "held"
+        assert lease.state == "released"
+        assert sidelease.inspect(db)["state"] == "free"
+        with pytest.raises(KeyError):
+            async with sidelease.acquire_async(db) as lease:
+                raise KeyError("work failed")
+        assert lease.state == "released", "released when the work raised too"
+        # Still a coroutine: a task, wait_for.
+        task = asyncio.create_task(sidelease.acquire_async(db))
+        (await task).release()
+        (await asyncio.wait_for(sidelease.acquire_async(db), 5)).release()
+
+    run(main())
+
+
 def test_acquire_async_in_use_and_timeout(db: str, holder: Holder) -> None:
     async def main() -> None:
         with pytest.raises(sidelease.LeaseInUse) as ei:

@@ -355,6 +355,28 @@ def test_bad_targets_are_errors_naming_them(tmp_path: Any) -> None:
         with pytest.raises(OSError, match=str(bad.parent)):
             e.run(lambda term: None)
         assert "error" not in events
+    # A lease file named as the target (issue 39): refused, naming its database.
+    db = str(tmp_path / "app.db")
+    e = sidelease.Elector(db + ".backend-lease")
+    with pytest.raises(sidelease.InvalidArgument, match="is a lease file") as ei:
+        e.run(lambda term: None)
+    assert f"did you mean {db}?" in str(ei.value)
+
+
+def test_a_timeout_is_refused_saying_how_an_elector_stops(tmp_path: Any) -> None:
+    db = str(tmp_path / "app.db")
+    for make in (
+        lambda: sidelease.Elector(db, timeout=1),  # type: ignore[arg-type]
+        lambda: asyncio.run(sidelease.lead(db, _never, timeout=1)),
+    ):
+        with pytest.raises(sidelease.InvalidArgument, match="invalid argument `timeout`: .*stop") as ei:
+            make()
+        assert isinstance(ei.value, ValueError)
+    assert sidelease.inspect(db)["state"] == "free", "nothing was taken"
+
+
+async def _never(lease: Any) -> None:
+    raise AssertionError("not elected with a refused argument")
 
 
 def test_arguments_that_are_not_callables_or_events_are_type_errors(tmp_path: Any) -> None:

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use clap::builder::TypedValueParser;
 use clap::Args;
 // The core's elector, as every runtime's: the same campaign, fence and
 // back-off.
@@ -35,8 +36,14 @@ pub struct LeadArgs {
     /// Skip the split-domain guard (saves one read of /proc/locks).
     #[arg(long)]
     no_split_guard: bool,
+    // `hold`'s `ignore` is not offered: a leader's command must end.
     /// What to send the command when the lease is lost: SIGTERM or SIGKILL.
-    #[arg(long, value_enum, default_value_t = OnLost::Term)]
+    #[arg(
+        long,
+        default_value = "term",
+        value_parser = clap::builder::PossibleValuesParser::new(["term", "kill"])
+            .map(|v| if v == "kill" { OnLost::Kill } else { OnLost::Term })
+    )]
     on_lost: OnLost,
     /// With `--on-lost term`: SIGKILL the command's process group if the
     /// command has not ended this many seconds after SIGTERM.
@@ -81,13 +88,6 @@ fn usage_or_error(e: &Error) -> ExitCode {
 }
 
 pub fn run(a: LeadArgs) -> ExitCode {
-    if a.on_lost == OnLost::Ignore {
-        eprintln!(
-            "sidelease: --on-lost ignore: a leader's command must end when the lease is lost \
-             (term or kill)"
-        );
-        return ExitCode::from(2);
-    }
     let elector = match options(&a).and_then(|o| Elector::new(&a.target, &o)) {
         Ok(e) => Arc::new(e),
         Err(e) => return usage_or_error(&e),

@@ -374,10 +374,20 @@ fn lead_refuses_to_ignore_a_loss() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("--on-lost ignore"),
-        "{out:?}"
+        err.contains("invalid value 'ignore' for '--on-lost <ON_LOST>'")
+            && err.contains("[possible values: term, kill]"),
+        "{err}"
     );
+    // Its help offers only what it takes (issue 39: it offered `ignore`).
+    let help = common::command(BIN)
+        .args(["lead", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("[possible values: term, kill]"), "{help}");
+    assert!(!help.contains("ignore"), "{help}");
 }
 
 /// A wait for a PostgreSQL lease names its holder, from the holder's row,

@@ -81,6 +81,27 @@ pub(crate) fn spell(target: &Path, suffix: &str) -> Result<Spelled> {
             ),
         ));
     };
+    // A lease file named as the target, pasted from a message that names
+    // it, would get a lease file of its own (`….backend-lease.backend-lease`)
+    // and read as free while its database is held.
+    if name.as_bytes().ends_with(suffix.as_bytes()) {
+        let spelled = trimmed.as_os_str().as_bytes();
+        let meant = match spelled.ends_with(suffix.as_bytes()) {
+            true => target_of(trimmed, suffix),
+            false => target_of(&target, suffix),
+        };
+        let hint = match meant.file_name() {
+            Some(_) => format!("; did you mean {}?", meant.display()),
+            None => String::new(),
+        };
+        return Err(Error::invalid(
+            "target",
+            format!(
+                "{} is a lease file (its name ends in the suffix {suffix}){hint}",
+                trimmed.display()
+            ),
+        ));
+    }
     let mut name = name.to_owned();
     name.push(suffix);
     Ok(Spelled {
@@ -259,6 +280,32 @@ mod tests {
         assert!(e.to_string().contains("`target`: is an empty path"), "{e}");
         let e = spell(Path::new("/"), ".l").unwrap_err();
         assert!(e.to_string().contains("`target`"), "{e}");
+    }
+
+    #[test]
+    fn a_lease_file_as_the_target_is_refused_naming_its_database() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("app.db");
+        let lease = dir.path().join("app.db.backend-lease");
+        std::fs::write(&lease, b"").unwrap();
+        let e = spell(&lease, ".backend-lease").unwrap_err();
+        let want = format!(
+            "`target`: {} is a lease file (its name ends in the suffix .backend-lease); \
+             did you mean {}?",
+            lease.display(),
+            db.display()
+        );
+        assert!(e.to_string().contains(&want), "{e}");
+        assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
+        // Through a symlink, the file it names; missing, the same.
+        let link = dir.path().join("current");
+        std::os::unix::fs::symlink(&lease, &link).unwrap();
+        let e = spell(&link, ".backend-lease").unwrap_err();
+        assert!(e.to_string().contains("is a lease file"), "{e}");
+        let e = spell(&dir.path().join("gone.db.l"), ".l").unwrap_err();
+        assert!(e.to_string().contains("did you mean"), "{e}");
+        // Another suffix's lease file is a target like any other.
+        assert!(spell(&lease, ".lock").is_ok());
     }
 
     #[test]

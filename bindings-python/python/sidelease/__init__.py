@@ -16,7 +16,7 @@ import asyncio
 import os
 import sys
 import time
-from typing import Any, Callable, Dict, Optional, Union
+from typing import Any, Callable, Coroutine, Dict, Generator, Optional, Union
 
 from . import _native
 from ._errors import (
@@ -56,7 +56,41 @@ __all__ = [
 ]
 
 
-async def acquire_async(
+class _Acquiring(Coroutine[Any, Any, Lease]):
+    """What :func:`acquire_async` returns: a coroutine to await for the
+    lease, or to enter with ``async with`` (``filelock``'s ``async with
+    AsyncFileLock(...)``), which releases it on the way out. A coroutine
+    still, so ``asyncio.create_task`` and ``wait_for`` take it as before."""
+
+    __slots__ = ("_coro", "_lease")
+
+    def __init__(self, coro: Coroutine[Any, Any, Lease]) -> None:
+        self._coro = coro
+        self._lease: Optional[Lease] = None
+
+    def __await__(self) -> Generator[Any, None, Lease]:
+        return self._coro.__await__()
+
+    def send(self, value: Any) -> Any:
+        return self._coro.send(value)
+
+    def throw(self, *args: Any) -> Any:
+        return self._coro.throw(*args)
+
+    def close(self) -> None:
+        self._coro.close()
+
+    async def __aenter__(self) -> Lease:
+        self._lease = await self._coro
+        return self._lease
+
+    async def __aexit__(self, *exc: Any) -> None:
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            lease.release()
+
+
+def acquire_async(
     target: Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"],
     *,
     timeout: Optional[float] = 0,
@@ -66,18 +100,16 @@ async def acquire_async(
     split_guard: bool = True,
     watch: bool = True,
     on_waiting: Optional[Callable[[Dict[str, Any]], Any]] = None,
-) -> Lease:
+) -> _Acquiring:
     """Acquire like :func:`acquire`, waiting without blocking the event loop.
 
     The wait needs no thread: the loop watches the kernel's notification
     descriptor for the lease file. Cancelling the task cancels the wait and
     leaves nothing held. ``on_waiting(info)`` is called on the loop, as with
-    :func:`acquire`.
+    :func:`acquire`. Await it (``lease = await acquire_async(db)``) or enter
+    it (``async with acquire_async(db) as lease:``, released on the way out).
     """
-    if on_waiting is not None and not callable(on_waiting):
-        raise TypeError(f"on_waiting: must be callable or None, not {type(on_waiting).__name__}")
-    pending = _native.Pending(
-        target,
+    options = dict(
         timeout=timeout,
         suffix=suffix,
         metadata=metadata,
@@ -85,6 +117,18 @@ async def acquire_async(
         split_guard=split_guard,
         watch=watch,
     )
+    return _Acquiring(_acquire_async(target, on_waiting, options))
+
+
+async def _acquire_async(
+    target: Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"],
+    on_waiting: Optional[Callable[[Dict[str, Any]], Any]],
+    options: Dict[str, Any],
+) -> Lease:
+    if on_waiting is not None and not callable(on_waiting):
+        raise TypeError(f"on_waiting: must be callable or None, not {type(on_waiting).__name__}")
+    timeout = options["timeout"]
+    pending = _native.Pending(target, **options)
     loop = asyncio.get_running_loop()
     try:
         while True:

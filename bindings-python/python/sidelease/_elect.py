@@ -19,7 +19,7 @@ import threading
 from typing import Any, Awaitable, Callable, Dict, Optional, Tuple, Union
 
 from . import _native
-from ._errors import LeaseLost
+from ._errors import InvalidArgument, LeaseLost
 from ._native import Lease, Term
 
 log = logging.getLogger("sidelease")
@@ -93,7 +93,15 @@ class Elector:
         allow_unsupported_fs: bool = False,
         split_guard: bool = True,
         watch: bool = True,
+        timeout: None = None,
     ) -> None:
+        if timeout is not None:
+            # `acquire`'s options, all but this one: said as Node says it,
+            # not as a bare unexpected keyword.
+            raise InvalidArgument(
+                "invalid argument `timeout`: an elector waits until it is elected or "
+                "stopped; stop it with stop() (sidelease.lead: stop=an asyncio.Event)"
+            )
         _check_callable("on_event", on_event, optional=True)
         # The native elector keeps its listener: one without a reference
         # back to this object, which could otherwise never be collected.

@@ -1,0 +1,86 @@
+//! What `sidelease` refuses to take for a target, in every command: a URL
+//! half built or mistyped, a lease file named as its database.
+
+#[path = "../../core/tests/common/mod.rs"]
+mod common;
+
+const BIN: &str = env!("CARGO_BIN_EXE_sidelease");
+
+fn sidelease(args: &[&str]) -> std::process::Output {
+    common::command(BIN).args(args).output().unwrap()
+}
+
+#[test]
+fn a_mistyped_or_half_built_url_is_refused_never_a_lease_file() {
+    let d = tempfile::tempdir().unwrap();
+    for target in [
+        "postgresql:/app:HUNTER2@db/app?lease=x".to_string(),
+        "POSTGRES:app:HUNTER2@db/app?lease=x".to_string(),
+        // "${DATABASE_URL}?lease=scheduler" with the variable empty.
+        format!("{}/?lease=scheduler", d.path().display()),
+    ] {
+        for args in [vec!["status", &target], vec!["hold", &target, "--", "true"]] {
+            let out = sidelease(&args);
+            let err = String::from_utf8_lossy(&out.stderr).into_owned();
+            assert_eq!(out.status.code(), Some(71), "{args:?}: {err}");
+            assert!(err.contains("invalid argument `target`"), "{args:?}: {err}");
+            assert!(!err.contains("HUNTER2"), "{args:?}: {err}");
+        }
+    }
+    // Nothing was made of it.
+    assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0);
+}
+
+/// The path every message names, `[lease file …/app.db.backend-lease]`,
+/// pasted back: `status` said "free" of a held lease (its lease file's own
+/// lease file), and `hold` ran its command beside the holder (issue 39).
+#[test]
+fn a_lease_file_given_as_the_target_is_refused_naming_its_database() {
+    let d = tempfile::tempdir().unwrap();
+    let db = d.path().join("app.db");
+    let lease = d.path().join("app.db.backend-lease");
+    let ran = d.path().join("ran");
+    let touch = format!("touch {}", ran.display());
+    let (db, lease) = (db.to_str().unwrap(), lease.to_str().unwrap());
+    // Held, so that "free" would be the wrong answer it was.
+    let mut holder = common::command(BIN)
+        .args(["hold", db, "--", "sleep", "30"])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while sidelease(&["status", db]).status.code() != Some(3) {
+        assert!(t0.elapsed().as_secs() < 10, "hold did not take the lease");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    for args in [
+        vec!["status", lease],
+        vec!["status", "--json", lease],
+        vec!["hold", lease, "--", "sh", "-c", &touch],
+        vec!["lead", lease, "--", "sh", "-c", &touch],
+    ] {
+        let out = sidelease(&args);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(
+            matches!(out.status.code(), Some(2) | Some(71)),
+            "{args:?}: exit {:?}, {err}",
+            out.status.code()
+        );
+        assert!(
+            err.contains(&format!("{lease} is a lease file"))
+                && err.contains(&format!("did you mean {db}?")),
+            "{args:?}: {err}"
+        );
+        assert!(out.stdout.is_empty(), "{args:?}: nothing on stdout");
+    }
+    assert!(!ran.exists(), "no command ran");
+    assert!(
+        !std::path::Path::new(&format!("{lease}.backend-lease")).exists(),
+        "no lease file of the lease file"
+    );
+    // SIGTERM: `hold` ends its command and releases (a SIGKILL would leave
+    // the `sleep` holding the lease).
+    // SAFETY: kill(2) on the child this test started.
+    unsafe { libc::kill(holder.id() as i32, libc::SIGTERM) };
+    let _ = holder.wait();
+}
