@@ -175,6 +175,9 @@ static void test_lease_lifecycle(void) {
         snprintf(meant, sizeof meant, "did you mean %s?", db);
         EXPECT(sidelease_acquire(lease, NULL, NULL, &a), SIDELEASE_ERR_INVALID_ARGUMENT);
         CHECK(last_error_contains("is a lease file") && last_error_contains(meant));
+        char *j = NULL;
+        EXPECT(sidelease_inspect_json(lease, NULL, &j), SIDELEASE_ERR_INVALID_ARGUMENT);
+        CHECK(j == NULL && last_error_contains(meant));
     }
 
     sidelease_options *o = NULL;

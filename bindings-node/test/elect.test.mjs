@@ -301,6 +301,12 @@ describe('leader election in one process', () => {
     m.on('retrying', (info) => retried.push(info));
     await assert.rejects(withTimeout(m.run(), STEP, 'run'), (err) => err.code === 'SIDELEASE_IO' && err.message.includes('missing'));
     assert.deepEqual(retried, []);
+    // A lease file named as the target: refused at once, naming its database.
+    const l = new sidelease.Elector(`${db}.backend-lease`);
+    l.on('retrying', (info) => retried.push(info));
+    await assert.rejects(withTimeout(l.run(), STEP, 'run'), (err) =>
+      err.code === 'SIDELEASE_INVALID_ARGUMENT' && err.message.includes(`did you mean ${db}?`));
+    assert.deepEqual(retried, []);
   });
 });
 

@@ -3,6 +3,7 @@ attributes, threads, fork and bad input."""
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import gc
 import math
@@ -17,6 +18,7 @@ import textwrap
 import threading
 import time
 import warnings
+from typing import Any
 
 import pytest
 
@@ -265,10 +267,14 @@ def test_bad_targets(db: str) -> None:
 
 def test_a_lease_file_as_the_target_is_refused_naming_its_database(db: str) -> None:
     lease = db + ".backend-lease"
-    for call in (sidelease.acquire, sidelease.inspect):
+    for call in (sidelease.acquire, sidelease.inspect, _acquire_async):
         with pytest.raises(sidelease.InvalidArgument, match="is a lease file") as ei:
             call(lease)
         assert f"did you mean {db}?" in str(ei.value), call
+
+
+def _acquire_async(target: str) -> Any:
+    return asyncio.run(sidelease.acquire_async(target))
 
 
 @pytest.mark.parametrize(

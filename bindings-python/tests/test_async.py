@@ -50,10 +50,20 @@ def test_async_with_acquire_async_releases_on_the_way_out(db: str) -> None:
         assert lease.state == "released", "released when the work raised too"
         # Still a coroutine: a task, wait_for.
         task = asyncio.create_task(sidelease.acquire_async(db))
+        assert "acquire_async" in repr(task), repr(task)
         (await task).release()
         (await asyncio.wait_for(sidelease.acquire_async(db), 5)).release()
 
     run(main())
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="inspect.markcoroutinefunction is 3.12's")
+def test_acquire_async_reads_as_a_coroutine_function() -> None:
+    # What a framework asks before it awaits a hook (Starlette's
+    # is_async_callable): False would have it called and never awaited.
+    import inspect
+
+    assert inspect.iscoroutinefunction(sidelease.acquire_async)
 
 
 def test_acquire_async_in_use_and_timeout(db: str, holder: Holder) -> None:

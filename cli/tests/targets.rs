@@ -42,30 +42,54 @@ fn a_lease_file_given_as_the_target_is_refused_naming_its_database() {
     let ran = d.path().join("ran");
     let touch = format!("touch {}", ran.display());
     let (db, lease) = (db.to_str().unwrap(), lease.to_str().unwrap());
-    // Held, so that "free" would be the wrong answer it was.
-    let mut holder = common::command(BIN)
-        .args(["hold", db, "--", "sleep", "30"])
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    // Held, so that "free" would be the wrong answer it was; ended with
+    // SIGTERM whatever the outcome (`hold` ends its command and releases;
+    // a SIGKILL would leave the `sleep` holding the lease).
+    struct Holder(std::process::Child);
+    impl Drop for Holder {
+        fn drop(&mut self) {
+            // SAFETY: kill(2) on the child this test started.
+            unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+            let _ = self.0.wait();
+        }
+    }
+    let _holder = Holder(
+        common::command(BIN)
+            .args(["hold", db, "--", "sleep", "30"])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let t0 = std::time::Instant::now();
     while sidelease(&["status", db]).status.code() != Some(3) {
         assert!(t0.elapsed().as_secs() < 10, "hold did not take the lease");
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
-    for args in [
-        vec!["status", lease],
-        vec!["status", "--json", lease],
-        vec!["hold", lease, "--", "sh", "-c", &touch],
-        vec!["lead", lease, "--", "sh", "-c", &touch],
+    // The usage error of each command: 71 (`status`, `hold`), 2 (`lead`).
+    for (args, code) in [
+        (vec!["status", lease], 71),
+        (vec!["status", "--json", lease], 71),
+        (vec!["hold", lease, "--", "sh", "-c", &touch], 71),
+        (vec!["lead", lease, "--", "sh", "-c", &touch], 2),
     ] {
-        let out = sidelease(&args);
+        // Bounded: a `lead` that took the target would campaign for ever.
+        let mut c = common::command(BIN)
+            .args(&args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let t0 = std::time::Instant::now();
+        while c.try_wait().unwrap().is_none() {
+            if t0.elapsed().as_secs() >= 10 {
+                let _ = c.kill();
+                panic!("{args:?}: still running after 10 s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let out = c.wait_with_output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(
-            matches!(out.status.code(), Some(2) | Some(71)),
-            "{args:?}: exit {:?}, {err}",
-            out.status.code()
-        );
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {err}");
         assert!(
             err.contains(&format!("{lease} is a lease file"))
                 && err.contains(&format!("did you mean {db}?")),
@@ -78,9 +102,4 @@ fn a_lease_file_given_as_the_target_is_refused_naming_its_database() {
         !std::path::Path::new(&format!("{lease}.backend-lease")).exists(),
         "no lease file of the lease file"
     );
-    // SIGTERM: `hold` ends its command and releases (a SIGKILL would leave
-    // the `sleep` holding the lease).
-    // SAFETY: kill(2) on the child this test started.
-    unsafe { libc::kill(holder.id() as i32, libc::SIGTERM) };
-    let _ = holder.wait();
 }

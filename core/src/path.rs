@@ -83,8 +83,12 @@ pub(crate) fn spell(target: &Path, suffix: &str) -> Result<Spelled> {
     };
     // A lease file named as the target, pasted from a message that names
     // it, would get a lease file of its own (`….backend-lease.backend-lease`)
-    // and read as free while its database is held.
-    if name.as_bytes().ends_with(suffix.as_bytes()) {
+    // and read as free while its database is held. A name that is the
+    // suffix alone is nobody's lease file, and a file of another kind
+    // whose name happens to end so (`poetry.lock`, suffix `.lock`) is a
+    // target like any other.
+    let named_as_lease = name.len() > suffix.len() && name.as_bytes().ends_with(suffix.as_bytes());
+    if named_as_lease && !other_than_a_lease_file(&target) {
         let spelled = trimmed.as_os_str().as_bytes();
         let meant = match spelled.ends_with(suffix.as_bytes()) {
             true => target_of(trimmed, suffix),
@@ -108,6 +112,29 @@ pub(crate) fn spell(target: &Path, suffix: &str) -> Result<Spelled> {
         lease: target.with_file_name(&name),
         name,
     })
+}
+
+/// Whether `path` is there and is not what sidelease leaves in a lease
+/// file: a regular file holding neither nothing nor a holder record, or
+/// not a regular file (a directory, a device).
+fn other_than_a_lease_file(path: &Path) -> bool {
+    let Ok(meta) = std::fs::metadata(path) else {
+        return false; // not there: named as a lease file, taken for one
+    };
+    if !meta.is_file() {
+        return true;
+    }
+    if meta.len() > crate::record::RECORD_MAX_BYTES as u64 {
+        return true;
+    }
+    match std::fs::read(path) {
+        Ok(bytes) => matches!(
+            crate::record::Content::parse(&bytes),
+            crate::record::Content::Unreadable
+        ),
+        // Not ours to read: nothing says it is a lease file.
+        Err(_) => true,
+    }
 }
 
 /// The canonical lease path of an open lease file, from the kernel. `None`
@@ -304,8 +331,18 @@ mod tests {
         assert!(e.to_string().contains("is a lease file"), "{e}");
         let e = spell(&dir.path().join("gone.db.l"), ".l").unwrap_err();
         assert!(e.to_string().contains("did you mean"), "{e}");
-        // Another suffix's lease file is a target like any other.
+        // Another suffix's lease file is a target like any other; so is a
+        // file of another kind whose name ends in the suffix, and a name
+        // that is the suffix alone.
         assert!(spell(&lease, ".lock").is_ok());
+        let poetry = dir.path().join("poetry.lock");
+        std::fs::write(&poetry, b"[[package]]\nname = \"x\"\n").unwrap();
+        assert!(spell(&poetry, ".lock").is_ok());
+        assert!(spell(&dir.path().join(".lock"), ".lock").is_ok());
+        // A holder record in it: a lease file.
+        std::fs::write(&poetry, br#"{"schema":1,"pid":1}"#).unwrap();
+        let e = spell(&poetry, ".lock").unwrap_err();
+        assert!(e.to_string().contains("is a lease file"), "{e}");
     }
 
     #[test]

@@ -13,6 +13,7 @@ Node and Bun, so all of them contend correctly with each other.
 from __future__ import annotations
 
 import asyncio
+import inspect as _inspect
 import os
 import sys
 import time
@@ -62,11 +63,11 @@ class _Acquiring(Coroutine[Any, Any, Lease]):
     AsyncFileLock(...)``), which releases it on the way out. A coroutine
     still, so ``asyncio.create_task`` and ``wait_for`` take it as before."""
 
-    __slots__ = ("_coro", "_lease")
-
     def __init__(self, coro: Coroutine[Any, Any, Lease]) -> None:
         self._coro = coro
         self._lease: Optional[Lease] = None
+        # Instance attributes: a class's own __name__ is its type's.
+        self.__name__ = self.__qualname__ = "acquire_async"
 
     def __await__(self) -> Generator[Any, None, Lease]:
         return self._coro.__await__()
@@ -79,6 +80,24 @@ class _Acquiring(Coroutine[Any, Any, Lease]):
 
     def close(self) -> None:
         self._coro.close()
+
+    # What asyncio and debuggers read off a coroutine (a task's repr and
+    # stack): the coroutine's own.
+    @property
+    def cr_frame(self) -> Any:
+        return getattr(self._coro, "cr_frame", None)
+
+    @property
+    def cr_await(self) -> Any:
+        return getattr(self._coro, "cr_await", None)
+
+    @property
+    def cr_running(self) -> bool:
+        return bool(getattr(self._coro, "cr_running", False))
+
+    @property
+    def cr_code(self) -> Any:
+        return getattr(self._coro, "cr_code", None)
 
     async def __aenter__(self) -> Lease:
         self._lease = await self._coro
@@ -147,6 +166,14 @@ async def _acquire_async(
                 pending.woke()
     finally:
         pending.close()
+
+
+# Named as the call that made it (the never-awaited warning names it), and
+# a coroutine function to those that ask (a framework deciding whether to
+# await a hook).
+_acquire_async.__name__ = _acquire_async.__qualname__ = "acquire_async"
+if sys.version_info >= (3, 12):
+    _inspect.markcoroutinefunction(acquire_async)
 
 
 # Attempts run on the loop's thread. Hundreds of waits woken together (their

@@ -100,7 +100,8 @@ class Elector:
             # not as a bare unexpected keyword.
             raise InvalidArgument(
                 "invalid argument `timeout`: an elector waits until it is elected or "
-                "stopped; stop it with stop() (sidelease.lead: stop=an asyncio.Event)"
+                "stopped (Elector.stop(), lead's stop=, or cancelling the task: "
+                "asyncio.timeout bounds a wait)"
             )
         _check_callable("on_event", on_event, optional=True)
         # The native elector keeps its listener: one without a reference
