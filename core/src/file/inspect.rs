@@ -82,7 +82,24 @@ pub(crate) fn inspect(target: &Path, options: &Options) -> Result<Inspection> {
         return Ok(out);
     };
     if let Some((_, ino)) = found.key {
-        out.holders = holders::kernel_holders(KernelKey { major, minor, ino }, &all);
+        let key = KernelKey { major, minor, ino };
+        out.holders = holders::kernel_holders(key, &all);
+        // A listing of a table that never stopped changing is the union of
+        // a few reads, each of which may skip an entry (locks::settled):
+        // a lock held now that none of them named is looked for again, a
+        // few times, before its holders are called unknown (once in 43
+        // looks beside 4 threads locking without pause, on a busy machine).
+        let mut again = 0;
+        while out.holders.is_empty()
+            && again < RELISTS
+            && found.fd.as_ref().is_some_and(|fd| locked_now(fd.as_fd()))
+        {
+            again += 1;
+            match locks::flock_locks_on(major, minor) {
+                Ok(all) => out.holders = holders::kernel_holders(key, &all),
+                Err(_) => break,
+            }
+        }
     }
     let target = out.target.clone();
     let scan = guard::scan(
@@ -152,6 +169,9 @@ fn held_here(key: Option<(u64, u64)>) -> bool {
 /// Whether someone holds an exclusive lock on the file now: a shared lock
 /// taken and let go at once (shared locks do not exclude each other; an
 /// acquirer's attempt in that microsecond looks once more).
+/// How many more listings a held lock that no listing named gets.
+const RELISTS: u32 = 3;
+
 fn locked_now(fd: std::os::fd::BorrowedFd<'_>) -> bool {
     use rustix::fs::FlockOperation;
     match rustix::fs::flock(fd, FlockOperation::NonBlockingLockShared) {
