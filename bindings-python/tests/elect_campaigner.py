@@ -22,6 +22,12 @@ def note(*words: object) -> None:
     os.close(fd)
 
 
+def event(kind: str, info: object) -> None:
+    # Campaigning, and another holds the lease: ready to succeed it.
+    if kind == "waiting":
+        note("waiting")
+
+
 def begin() -> int:
     fd = os.open(detector, os.O_RDWR | os.O_CREAT, 0o600)
     try:
@@ -45,7 +51,7 @@ if form == "sync":
         why = term.cancelled
         end(fd, why[0] if why else "?")
 
-    sidelease.Elector(target).run(work)
+    sidelease.Elector(target, on_event=event).run(work)
 elif form == "lead":
 
     async def lead_work(lease: sidelease.Lease) -> None:
@@ -55,13 +61,13 @@ elif form == "lead":
         finally:
             end(fd, "lost" if lease.lost else "stopped")
 
-    asyncio.run(sidelease.lead(target, lead_work))
+    asyncio.run(sidelease.lead(target, lead_work, on_event=event))
 elif form == "leadership":
 
     async def main() -> None:
         while True:
             try:
-                async with sidelease.leadership(target):
+                async with sidelease.leadership(target, on_event=event):
                     fd = begin()
                     try:
                         await asyncio.Event().wait()

@@ -669,12 +669,20 @@ impl Lease {
     /// believing it holds the lease, as the server judged it when this
     /// holder's row was written: the `confirm_within` its record gives (the
     /// largest allowed, 4 s, when it gives none), from then; a clean
-    /// release in between passes the fence on. `None` when nothing is left,
-    /// and for a lease file, whose lock the kernel frees only once its
-    /// holder let go or died. The elector waits this out before a term's
-    /// work starts.
+    /// release in between passes the fence on. A previous holder of this
+    /// machine that has provably ended believes nothing: it is left out,
+    /// judged again at each call (one killed a moment before may still be
+    /// on its way out at the first). `None` when nothing is left, and for
+    /// a lease file, whose lock the kernel frees only once its holder let
+    /// go or died. The elector waits this out before a term's work starts.
     pub fn predecessor_bound(&self) -> Option<std::time::Duration> {
         self.shared.hold.predecessor_bound()
+    }
+
+    /// Whether `predecessor_bound` may yet end early: worth asking again
+    /// before it passes.
+    pub(crate) fn predecessor_may_end(&self) -> bool {
+        self.shared.hold.predecessor_may_end()
     }
 
     /// How much longer this lease counts as held if no confirmation comes

@@ -147,6 +147,12 @@ pub(crate) trait Held: Send + Sync + RefUnwindSafe + UnwindSafe {
     fn predecessor_bound(&self) -> Option<Duration> {
         None
     }
+    /// Whether that bound may yet be cut short, so is worth asking again
+    /// before it passes: a predecessor of this machine that may be seen to
+    /// have ended.
+    fn predecessor_may_end(&self) -> bool {
+        false
+    }
     /// How much longer the lease counts as held without another
     /// confirmation; `None` when it needs none (the kernel keeps a lock
     /// until its holder lets go or dies).

@@ -43,6 +43,11 @@ pub const BACKOFF_MAX: Duration = Duration::from_secs(10);
 /// times a second.
 pub const MIN_TERM: Duration = Duration::from_secs(1);
 
+/// How often a predecessor of this machine that a new term waits out is
+/// looked at again, to end the wait once it has exited (a few reads of
+/// `/proc`).
+const LOOK_AGAIN: Duration = Duration::from_millis(5);
+
 /// Why a term ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Ended {
@@ -266,12 +271,22 @@ impl Elector {
                     continue;
                 }
             };
-            if let Some(bound) = lease.predecessor_bound() {
+            if lease.predecessor_bound().is_some() {
                 // The predecessor did not release: its session may have been
                 // ended under it, and it learns that only from its socket or
-                // once its bound passes. Its work may run until then.
+                // once its bound passes. Its work may run until then, unless
+                // it has ended: one of this machine on its way out is looked
+                // at again every few ms, and let go of once it has exited.
                 let lost = lease.lost_fd().ok();
-                self.pause_or(bound, lost);
+                while let Some(bound) = lease.predecessor_bound() {
+                    let look = match lease.predecessor_may_end() {
+                        true => bound.min(LOOK_AGAIN),
+                        false => bound,
+                    };
+                    if self.pause_or(look, lost) {
+                        break;
+                    }
+                }
                 if lease.ensure_held().is_err() {
                     let _ = lease.release();
                     continue;
@@ -292,14 +307,18 @@ impl Elector {
         self.inner.stopped()
     }
 
-    /// Sleep up to `d`, or until stopped or `also` turns readable.
-    fn pause_or(&self, d: Duration, also: Option<std::os::fd::BorrowedFd<'_>>) {
+    /// Sleep up to `d`, or until stopped or `also` turns readable (then
+    /// true).
+    fn pause_or(&self, d: Duration, also: Option<std::os::fd::BorrowedFd<'_>>) -> bool {
         use rustix::event::{poll, PollFd, PollFlags, Timespec};
         let deadline = std::time::Instant::now() + d;
         loop {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
-            if self.inner.stopped() || left.is_zero() {
-                return;
+            if self.inner.stopped() {
+                return true;
+            }
+            if left.is_zero() {
+                return false;
             }
             let ts = Timespec {
                 tv_sec: left.as_secs() as i64,
@@ -310,7 +329,7 @@ impl Elector {
                 PollFd::from_borrowed_fd(also.unwrap_or(self.inner.stop.fd()), PollFlags::IN),
             ];
             if poll(&mut fds, Some(&ts)).is_ok() && !fds[1].revents().is_empty() {
-                return;
+                return true;
             }
         }
     }

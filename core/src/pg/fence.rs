@@ -7,7 +7,7 @@
 //! the fence cost a failover its whole bound (1 s by default) for nothing,
 //! and a crash loop that bound at every step.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
@@ -27,39 +27,95 @@ struct Fence {
     machine_id: Option<String>,
 }
 
-/// How long to wait before a holder whose lock was taken could no longer
-/// believe it holds the lease: the latest fence whose holder is not
-/// provably gone. `fences` is the write's list; `server`, the server's
-/// count of them all, stands when the list cannot be read.
-pub(crate) fn left(fences: Option<&str>, server: Duration) -> Duration {
-    let Some(list) = fences.and_then(|f| serde_json::from_str::<Vec<Fence>>(f).ok()) else {
-        return server;
-    };
-    let me = process::current();
-    list.iter()
-        .filter(|f| !ended(f, me))
-        .map(|f| Duration::from_millis(f.left.clamp(0.0, 4002.0) as u64))
-        .max()
-        .unwrap_or(Duration::ZERO)
+/// The fences a new holder waits out: each until its own end, less those
+/// whose holder has provably ended since. Judged again at each look
+/// (`left`), not once when the row was written: a holder killed a moment
+/// before its lock passed on may still be on its way out then (its
+/// connection closes before its last thread has exited, and on a busy
+/// machine that gap has taken longer than a look can wait), and is let go
+/// of the moment it has exited rather than after its whole bound.
+pub(crate) struct Fences(Vec<Until>);
+
+struct Until {
+    until: Instant,
+    /// PID and start time of a holder of this boot, machine and PID
+    /// namespace: the only kind that can be seen to have ended.
+    holder: Option<(u32, u64)>,
 }
 
-/// Whether the holder a fence is for has provably ended: it was a process
-/// of this boot of this machine (host name, machine id and boot id: a VM
+impl Fences {
+    /// No fence: nothing to wait.
+    pub(crate) fn none() -> Fences {
+        Fences(Vec::new())
+    }
+
+    /// The fences of a write, from when it returned: `fences` is its list;
+    /// `server`, the server's count of them all, stands when the list
+    /// cannot be read.
+    pub(crate) fn of(fences: Option<&str>, server: Duration) -> Fences {
+        let now = Instant::now();
+        if server.is_zero() {
+            return Fences::none();
+        }
+        let Some(list) = fences.and_then(|f| serde_json::from_str::<Vec<Fence>>(f).ok()) else {
+            return Fences(vec![Until {
+                until: now + server,
+                holder: None,
+            }]);
+        };
+        let me = process::current();
+        Fences(
+            list.iter()
+                .map(|f| Until {
+                    until: now + Duration::from_millis(f.left.clamp(0.0, 4002.0) as u64),
+                    holder: ours(f, me),
+                })
+                .collect(),
+        )
+    }
+
+    /// How long to wait from now before no holder whose lock was taken
+    /// could still believe it holds the lease: the latest fence ahead
+    /// whose holder is not provably gone. `None` when nothing is left.
+    /// One look at each such holder (a few reads of `/proc`), no wait.
+    pub(crate) fn left(&self) -> Option<Duration> {
+        let now = Instant::now();
+        self.0
+            .iter()
+            .filter(|u| u.until > now)
+            .filter(|u| !matches!(u.holder, Some((pid, start)) if process::exited(pid, start) == Some(true)))
+            .map(|u| u.until - now)
+            .max()
+    }
+
+    /// Whether a fence ahead is for a holder that may yet be seen to end
+    /// (so `left` is worth asking again before it passes).
+    pub(crate) fn may_end(&self) -> bool {
+        let now = Instant::now();
+        self.0.iter().any(|u| u.until > now && u.holder.is_some())
+    }
+}
+
+/// The holder of a fence, if it could be seen to end here: a process of
+/// this boot of this machine (host name, machine id and boot id: a VM
 /// cloned from a snapshot keeps the boot id) and of this PID namespace
-/// (whose processes this one's `/proc` shows), and its PID names no
-/// process, or one whose threads all exited, that started when it did.
-/// Anything else keeps the fence: another host, another PID namespace,
-/// another boot, a record that does not say, a PID another process has
-/// taken since.
-fn ended(f: &Fence, me: &process::Identity) -> bool {
+/// (whose processes this one's `/proc` shows), with its PID and start time
+/// (whose end `process::exited` tells: no process, or one whose threads
+/// all exited, that started when it did). Anything else keeps its fence:
+/// another host, another PID namespace, another boot, a record that does
+/// not say; and a PID another process has taken since, by its start time.
+fn ours(f: &Fence, me: &process::Identity) -> Option<(u32, u64)> {
     let same = |a: &Option<String>, b: &Option<String>| a.is_some() && a == b;
-    me.proc_is_ours
+    let here = me.proc_is_ours
         && same(&f.boot_id, &me.boot_id)
         && same(&f.host, &me.host)
         && same(&f.machine_id, &me.machine_id)
         && me.pid_ns.is_some()
-        && f.pid_ns == me.pid_ns
-        && matches!((f.pid, f.proc_start), (Some(pid), Some(start)) if process::exited(pid, start) == Some(true))
+        && f.pid_ns == me.pid_ns;
+    match (f.pid, f.proc_start) {
+        (Some(pid), Some(start)) if here => Some((pid, start)),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -80,8 +136,22 @@ mod tests {
         }
     }
 
+    fn left_of(list: Option<&str>, server: Duration) -> Duration {
+        Fences::of(list, server).left().unwrap_or(Duration::ZERO)
+    }
+
+    /// `left` counts from now: a little less than the fence written a
+    /// moment ago (by less than 100 ms, however busy the machine).
+    #[track_caller]
+    fn near(got: Duration, want: Duration) {
+        assert!(
+            got <= want && got + Duration::from_millis(100) > want,
+            "{got:?} left, not about {want:?}"
+        );
+    }
+
     fn wait(fences: &[Fence]) -> Duration {
-        left(
+        left_of(
             Some(&serde_json::to_string(fences).unwrap()),
             Duration::from_secs(9),
         )
@@ -91,28 +161,39 @@ mod tests {
     fn only_a_fence_for_an_ended_process_of_this_boot_and_namespace_is_skipped() {
         let ms = Duration::from_millis;
         // Unreadable: the server's count stands. None: nothing to wait.
-        assert_eq!(left(Some("not json"), ms(700)), ms(700));
-        assert_eq!(left(None, ms(700)), ms(700));
+        near(left_of(Some("not json"), ms(700)), ms(700));
+        near(left_of(None, ms(700)), ms(700));
+        // The server counted nothing: nothing, whatever the list.
+        assert_eq!(left_of(Some(r#"[{"left": 900}]"#), ms(0)), ms(0));
         assert_eq!(wait(&[]), Duration::ZERO);
         // A fence that says nothing of its holder (a fence whose holder
         // record did not say) is kept, and never longer than 4 s.
-        assert_eq!(
-            left(Some(r#"[{"left": 900}, {"left": 99999}]"#), ms(1)),
-            ms(4002)
+        near(
+            left_of(Some(r#"[{"left": 900}, {"left": 99999}]"#), ms(1)),
+            ms(4002),
         );
         if !process::current().proc_is_ours || process::start_time(process::pid()).is_none() {
             // The portable platform reads no start times: nothing skipped.
             let mut c = Command::new("true").spawn().unwrap();
             let pid = c.id();
             c.wait().unwrap();
-            assert_eq!(wait(&[fence_of(pid, None, 500.0)]), ms(500));
+            near(wait(&[fence_of(pid, None, 500.0)]), ms(500));
             return;
         }
         let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
         let pid = sleeper.id();
         let start = process::start_time(pid).unwrap();
         // Running: kept.
-        assert_eq!(wait(&[fence_of(pid, Some(start), 500.0)]), ms(500));
+        near(wait(&[fence_of(pid, Some(start), 500.0)]), ms(500));
+        // Written while it ran, looked at again once it was killed: its
+        // fence ends then (the successor of a holder that was still on its
+        // way out when the row was written).
+        let written = Fences::of(
+            Some(&serde_json::to_string(&[fence_of(pid, Some(start), 3000.0)]).unwrap()),
+            ms(3000),
+        );
+        assert!(written.may_end());
+        near(written.left().unwrap(), ms(3000));
         // Killed, not reaped (a zombie of that start): skipped.
         sleeper.kill().unwrap();
         let t = std::time::Instant::now();
@@ -121,15 +202,16 @@ mod tests {
             std::thread::sleep(ms(5));
         }
         assert_eq!(wait(&[fence_of(pid, Some(start), 500.0)]), Duration::ZERO);
+        assert_eq!(written.left(), None);
         // Beside a fence for a process still running, that one stands.
         let me = process::pid();
         let mine = process::start_time(me).unwrap();
-        assert_eq!(
+        near(
             wait(&[
                 fence_of(pid, Some(start), 800.0),
-                fence_of(me, Some(mine), 300.0)
+                fence_of(me, Some(mine), 300.0),
             ]),
-            ms(300)
+            ms(300),
         );
         // Another boot, another PID namespace, no boot said: kept.
         let dead = fence_of(pid, Some(start), 500.0);
@@ -137,35 +219,41 @@ mod tests {
             boot_id: Some("another-boot".into()),
             ..dead.clone()
         };
-        assert_eq!(wait(&[other_boot]), ms(500));
+        // Nothing to look at again for: the wait is the fence's.
+        let remote = Fences::of(
+            Some(&serde_json::to_string(std::slice::from_ref(&other_boot)).unwrap()),
+            ms(500),
+        );
+        assert!(!remote.may_end());
+        near(wait(&[other_boot]), ms(500));
         let other_ns = Fence {
             pid_ns: dead.pid_ns.map(|n| n + 1),
             ..dead.clone()
         };
-        assert_eq!(wait(&[other_ns]), ms(500));
-        assert_eq!(
+        near(wait(&[other_ns]), ms(500));
+        near(
             wait(&[Fence {
                 boot_id: None,
                 ..dead.clone()
             }]),
-            ms(500)
+            ms(500),
         );
         let other_host = Fence {
             host: Some("another-host".into()),
             ..dead.clone()
         };
-        assert_eq!(wait(&[other_host]), ms(500));
+        near(wait(&[other_host]), ms(500));
         let other_machine = Fence {
             machine_id: Some("another".into()),
             ..dead.clone()
         };
-        assert_eq!(wait(&[other_machine]), ms(500));
-        assert_eq!(wait(&[fence_of(pid, None, 500.0)]), ms(500));
+        near(wait(&[other_machine]), ms(500));
+        near(wait(&[fence_of(pid, None, 500.0)]), ms(500));
         // Reaped: no such process, skipped.
         sleeper.wait().unwrap();
         assert_eq!(wait(&[fence_of(pid, Some(start), 500.0)]), Duration::ZERO);
         // A live process under a start time not its own (the PID reused
         // since): kept.
-        assert_eq!(wait(&[fence_of(me, Some(mine + 1), 500.0)]), ms(500));
+        near(wait(&[fence_of(me, Some(mine + 1), 500.0)]), ms(500));
     }
 }

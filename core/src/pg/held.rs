@@ -82,13 +82,14 @@ impl Held for Link {
 
     /// What the server judged when the row was written: the previous
     /// holder's bound from then if it did not release (as its record gives
-    /// it), or a fence an earlier one left that a clean release passed on.
+    /// it), or a fence an earlier one left that a clean release passed on;
+    /// less, at each call, the holders of this machine that have ended.
     fn predecessor_bound(&self) -> Option<std::time::Duration> {
-        Some(
-            self.fence_until
-                .saturating_duration_since(std::time::Instant::now()),
-        )
-        .filter(|left| !left.is_zero())
+        self.fences.left()
+    }
+
+    fn predecessor_may_end(&self) -> bool {
+        self.fences.may_end()
     }
 
     fn as_any(&self) -> &dyn Any {

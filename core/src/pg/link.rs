@@ -11,6 +11,7 @@ use std::time::Duration;
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::confirm::Confirmed;
+use super::fence::Fences;
 use super::target::Target;
 use crate::error::{Error, Result};
 use crate::lease::{Lease, Shared};
@@ -68,8 +69,8 @@ pub(crate) struct Link {
     member: Option<(i64, i64)>,
     /// Until when a previous holder whose lock was taken from it may still
     /// believe it holds the lease, as the server judged it when the row
-    /// was written.
-    pub fence_until: std::time::Instant,
+    /// was written, less the holders that provably ended since.
+    pub fences: Fences,
 }
 
 impl Drop for Link {
@@ -91,7 +92,7 @@ impl Link {
         t: &Target,
         (server, backend_pid, generation): (Option<String>, i32, i64),
         confirmed: Arc<Confirmed>,
-        fence_until: std::time::Instant,
+        fences: Fences,
     ) -> Link {
         Link {
             tx,
@@ -104,7 +105,7 @@ impl Link {
             server,
             confirmed,
             member: Some((t.key, generation)),
-            fence_until,
+            fences,
         }
     }
 
@@ -114,9 +115,9 @@ impl Link {
         t: &Target,
         (server, backend_pid): (Option<String>, i32),
         confirmed: Arc<Confirmed>,
-        fence_until: std::time::Instant,
+        fences: Fences,
     ) -> Link {
-        let mut link = Link::on_shared(tx, t, (server, backend_pid, 0), confirmed, fence_until);
+        let mut link = Link::on_shared(tx, t, (server, backend_pid, 0), confirmed, fences);
         link.member = None;
         link
     }

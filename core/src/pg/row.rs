@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use super::conn::io_error;
+use super::fence::Fences;
 use super::target::Target;
 use crate::error::Error;
 use crate::record::{Content, Record};
@@ -22,10 +23,10 @@ pub(crate) struct Written {
     pub previous: Content,
     /// The server backend that wrote it.
     pub backend: i32,
-    /// How long a previous holder whose lock was taken from it may still
-    /// believe it holds the lease, from when the row was written: the
-    /// server's count, or zero when that holder provably ended (`fence`).
-    pub fence: Duration,
+    /// Until when a previous holder whose lock was taken from it may still
+    /// believe it holds the lease: the server's count, less the holders
+    /// that provably ended (`fence`).
+    pub fence: Fences,
 }
 
 impl Written {
@@ -40,10 +41,7 @@ impl Written {
             generation: row.try_get(0)?,
             previous: previous_of(row.try_get(1)?, row.try_get(2)?, row.try_get(3)?),
             backend: row.try_get(4)?,
-            fence: match server.is_zero() {
-                true => server,
-                false => super::fence::left(fences.as_deref(), server),
-            },
+            fence: Fences::of(fences.as_deref(), server),
         })
     }
 }

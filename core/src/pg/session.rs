@@ -413,7 +413,7 @@ impl Run {
         mut conn: Conn,
         rec: Record,
         previous: Content,
-        (generation, fence_until): (i64, std::time::Instant),
+        (generation, fences): (i64, super::fence::Fences),
         pid: i32,
         sent: u64,
     ) {
@@ -424,7 +424,7 @@ impl Run {
             &t,
             (conn.server.clone(), pid),
             Arc::new(Confirmed::new(t.confirm_within, sent)),
-            fence_until,
+            fences,
         );
         let confirmed = link.confirmed.clone();
         let shared = Arc::new(Shared::new_remote(

@@ -74,13 +74,13 @@ impl Run {
         };
         match claimed {
             Ok((rec, written, sent)) => {
-                let fence_until = std::time::Instant::now() + written.fence;
                 let Written {
                     previous,
                     generation,
+                    fence,
                     ..
                 } = written;
-                self.hold(conn, rec, previous, (generation, fence_until), pid, sent)
+                self.hold(conn, rec, previous, (generation, fence), pid, sent)
                     .await
             }
             Err(e) => {

@@ -117,7 +117,7 @@ impl Hub {
             &t,
             (self.conn.server.clone(), self.pid, generation),
             confirmed.clone(),
-            Instant::now() + fence,
+            fence,
         );
         let shared = Arc::new(Shared::new_remote(
             PathBuf::from(&t.shown),

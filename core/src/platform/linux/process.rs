@@ -124,26 +124,17 @@ pub fn stopped(pid: u32) -> Option<bool> {
 /// every thread of it has exited (a zombie its parent has not reaped);
 /// `Some(false)` while a thread of it runs. `None` when that cannot be
 /// told: the PID names a process that started at another time (reused),
-/// `/proc` would not say, or it is still on its way out after `EXITING`.
-/// A process on its way out (a thread in `do_exit`, `PF_EXITING`, or one
-/// with a SIGKILL pending that has not had a core yet) may have closed its
-/// files, so its connections, before the kernel tells its children's
-/// `PR_SET_PDEATHSIG` as its last step: it is waited for that long
-/// (microseconds, at most `EXITING`: the caller may be a shared session's
-/// thread, whose other leases wait), so "exited" means its children were
-/// told.
+/// `/proc` would not say, or it is on its way out. A process on its way
+/// out (a thread in `do_exit`, `PF_EXITING`, or one with a SIGKILL pending
+/// that has not had a core yet) may have closed its files, so its
+/// connections, before the kernel tells its children's `PR_SET_PDEATHSIG`
+/// as its last step, so "exited" means its children were told. One look,
+/// no wait: a caller that waits on it looks again (the fences).
 pub fn exited(pid: u32, start: u64) -> Option<bool> {
-    const EXITING: std::time::Duration = std::time::Duration::from_millis(50);
-    let t0 = std::time::Instant::now();
-    loop {
-        match tasks_exited(pid, start)? {
-            Exit::Running => return Some(false),
-            Exit::Exited => return Some(true),
-            Exit::Exiting if t0.elapsed() < EXITING => {
-                std::thread::sleep(std::time::Duration::from_micros(500))
-            }
-            Exit::Exiting => return None,
-        }
+    match tasks_exited(pid, start)? {
+        Exit::Running => Some(false),
+        Exit::Exited => Some(true),
+        Exit::Exiting => None,
     }
 }
 
