@@ -44,7 +44,8 @@ enum Command {
     /// postgresql://…?lease=NAME target.
     ///
     /// Exit status: 0 free, 3 held, 4 split (a live process holds a deleted
-    /// former lease file), 5 unknown, 71 error.
+    /// former lease file), 5 unknown, 66 free but never leased and no such
+    /// file (a mistyped path?), 71 error.
     Status {
         target: PathBuf,
         #[arg(long, default_value = sidelease::DEFAULT_SUFFIX)]

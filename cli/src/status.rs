@@ -7,6 +7,9 @@ use sidelease::{inspect, Inspection, Options, State};
 
 use crate::EXIT_ERROR;
 
+/// `status` of a path that is not there and was never leased: EX_NOINPUT.
+const EXIT_NO_SUCH: u8 = 66;
+
 pub fn run(target: &Path, suffix: &str, json: bool) -> ExitCode {
     let opts = Options::new().suffix(suffix);
     let i = match inspect(target, &opts) {
@@ -16,10 +19,28 @@ pub fn run(target: &Path, suffix: &str, json: bool) -> ExitCode {
             return ExitCode::from(EXIT_ERROR);
         }
     };
+    // Free, and neither the database nor its lease file is there: never
+    // leased here, most likely a mistyped path, which `status $DB &&
+    // maintenance` must not read as "free" (EX_NOINPUT, as a read of a
+    // missing file). A database not created yet says so too.
+    let absent = i.state == State::Free
+        && !crate::is_postgres(target)
+        && [target, &i.lease_path].iter().all(
+            |p| matches!(p.symlink_metadata(), Err(e) if e.kind() == std::io::ErrorKind::NotFound),
+        );
     if json {
         println!("{}", i.to_json());
     } else {
         print!("{}", human(&i));
+    }
+    if absent {
+        eprintln!(
+            "sidelease: {}: no such file, and never leased (no {}): a mistyped path? \
+             (exit {EXIT_NO_SUCH})",
+            target.display(),
+            i.lease_path.display()
+        );
+        return ExitCode::from(EXIT_NO_SUCH);
     }
     ExitCode::from(match i.state {
         State::Free => 0,

@@ -99,6 +99,7 @@ fn status_json(db: &str) -> (i32, serde_json::Value) {
 fn status_of_a_free_lease_exits_zero() {
     let d = tempfile::tempdir().unwrap();
     let db = d.path().join("app.db");
+    std::fs::write(&db, b"").unwrap();
     let db = db.to_str().unwrap();
     let (code, v) = status_json(db);
     assert_eq!(code, 0);
@@ -646,6 +647,7 @@ fn status_json_of_a_non_utf8_path_is_a_whole_document() {
     use std::os::unix::ffi::OsStrExt;
     let d = tempfile::tempdir().unwrap();
     let db = d.path().join(std::ffi::OsStr::from_bytes(b"caf\xe9.db"));
+    std::fs::write(&db, b"").unwrap();
     let out = common::command(BIN)
         .arg("status")
         .arg(&db)

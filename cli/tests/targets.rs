@@ -103,3 +103,48 @@ fn a_lease_file_given_as_the_target_is_refused_naming_its_database() {
         "no lease file of the lease file"
     );
 }
+
+/// A mistyped path is free, and never leased: `status` says so with its
+/// own exit status (66), so `sidelease status $DB && maintenance` stops. A
+/// database that is there, or a lease file left by an earlier holder, is
+/// plainly free (0).
+#[test]
+fn status_of_a_path_that_is_not_there_and_never_leased_exits_66() {
+    let d = tempfile::tempdir().unwrap();
+    let typo = d.path().join("ap.db");
+    let typo = typo.to_str().unwrap();
+    for args in [vec!["status", typo], vec!["status", "--json", typo]] {
+        let out = sidelease(&args);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(66), "{args:?}: {err}");
+        assert!(
+            err.contains(&format!("{typo}: no such file, and never leased"))
+                && err.contains("mistyped"),
+            "{args:?}: {err}"
+        );
+        let shown = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            shown.contains(": free") || shown.contains("\"state\":\"free\""),
+            "{args:?}: the inspection is printed all the same: {shown}"
+        );
+    }
+    assert!(
+        !std::path::Path::new(&format!("{typo}.backend-lease")).exists(),
+        "status made no lease file"
+    );
+    // The database there, never leased: free.
+    let db = d.path().join("app.db");
+    std::fs::write(&db, b"").unwrap();
+    let db = db.to_str().unwrap();
+    assert_eq!(sidelease(&["status", db]).status.code(), Some(0));
+    // No database, a lease file an earlier holder left: free.
+    let gone = d.path().join("gone.db");
+    let gone = gone.to_str().unwrap();
+    assert_eq!(
+        sidelease(&["hold", gone, "--", "true"]).status.code(),
+        Some(0)
+    );
+    let out = sidelease(&["status", gone]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(out.stderr.is_empty(), "{out:?}");
+}
