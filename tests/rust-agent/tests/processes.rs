@@ -410,8 +410,10 @@ fn a_plain_flock_on_the_new_file_makes_the_lease_lost_once_it_stays() {
     let since = renamed.elapsed();
     assert_eq!(got["lost"], true, "{got}");
     let ms = got["elapsed_ms"].as_f64().unwrap();
+    // Not before 100 ms; after it, 20 looks 1 ms apart, which a loaded
+    // machine stretches (the shared-lock case below allows as long).
     assert!(
-        since >= Duration::from_millis(100) && ms < 600.0,
+        since >= Duration::from_millis(100) && ms < 2000.0,
         "{got}, {since:?} after the rename"
     );
     let reason = got["reason"].as_str().unwrap();
