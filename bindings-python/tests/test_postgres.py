@@ -17,7 +17,7 @@ import pytest
 
 import sidelease
 
-from conftest import holder_backends, pg_url, psql, terminate_holder
+from conftest import STEP, holder_backends, pg_url, psql, terminate_holder
 
 HERE = os.path.dirname(__file__)
 
@@ -89,7 +89,11 @@ def test_cancelling_the_task_leaves_no_waiter_on_the_server() -> None:
 
     async def main() -> None:
         waiting = asyncio.ensure_future(sidelease.acquire_async(url, timeout=None))
-        await asyncio.sleep(0.3)
+        # Its session on the server (a first connection takes a while on a
+        # loaded machine).
+        deadline = time.monotonic() + STEP
+        while _waiters(url) == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
         assert _waiters(url) >= 1
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
