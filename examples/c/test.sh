@@ -26,6 +26,15 @@ test "$(pkg-config --modversion sidelease)" = "$(sed -n 's/^version = "\(.*\)"/\
 cc -std=c11 -Wall -Werror ${SIDELEASE_CFLAGS:-} "$here/daemon.c" $(pkg-config --cflags --libs sidelease) \
    -Wl,-rpath,"$libdir" -o "$work/daemon"
 readelf -d "$work/daemon" | grep -q 'NEEDED.*libsidelease.so.0' || { echo "not linked to the SONAME" >&2; exit 1; }
+# Without the rpath the loader does not look in this prefix: the program
+# does not start, and says why (README's C section).
+# shellcheck disable=SC2046
+cc -std=c11 -Wall -Werror "$here/daemon.c" $(pkg-config --cflags --libs sidelease) -o "$work/daemon-no-rpath"
+if out=$(env -u LD_LIBRARY_PATH "$work/daemon-no-rpath" "$work/unused" 2>&1); then
+  echo "the daemon ran without an rpath to its library" >&2; exit 1
+fi
+echo "$out" | grep -q "libsidelease.so.0: cannot open shared object file" \
+  || { echo "$out" >&2; echo "no loader error naming libsidelease.so.0" >&2; exit 1; }
 
 mkdir "$work/data"
 "$work/daemon" "$work/data" >"$work/a.out" 2>&1 &
