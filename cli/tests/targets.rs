@@ -136,7 +136,13 @@ fn status_of_a_path_that_is_not_there_and_never_leased_exits_66() {
     let db = d.path().join("app.db");
     std::fs::write(&db, b"").unwrap();
     let db = db.to_str().unwrap();
-    assert_eq!(sidelease(&["status", db]).status.code(), Some(0));
+    let out = sidelease(&["status", db]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains(": free"));
+    let out = sidelease(&["status", db, "--json"]);
+    assert_eq!(out.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["state"], "free");
     // No database, a lease file an earlier holder left: free.
     let gone = d.path().join("gone.db");
     let gone = gone.to_str().unwrap();

@@ -23,6 +23,9 @@ pub struct Contention {
     /// What the lease file's record is when it is not the holder's (`holder`
     /// is then `None`): for the message.
     pub record_note: Option<String>,
+    /// The kernel's holders by name (`comm`, where the platform gives it),
+    /// when the record does not name the holder: for the message.
+    pub names: Vec<(u32, String)>,
     /// How long the caller waited before giving up (zero for one attempt).
     pub waited: std::time::Duration,
 }
@@ -182,11 +185,19 @@ impl fmt::Display for Contention {
                 if self.holders.is_empty() {
                     write!(f, "another process")?;
                 } else {
-                    write!(f, "pid {}", join_pids(&self.holders))?;
+                    let named: Vec<String> = self
+                        .holders
+                        .iter()
+                        .map(|pid| match self.names.iter().find(|(p, _)| p == pid) {
+                            Some((_, name)) => format!("{pid} ({name})"),
+                            None => pid.to_string(),
+                        })
+                        .collect();
+                    write!(f, "pid {}", named.join(", "))?;
                 }
                 match &self.record_note {
-                    Some(note) => write!(f, " ({note})")?,
-                    None => write!(f, " (holder record empty or unreadable)")?,
+                    Some(note) => write!(f, ": {note}")?,
+                    None => write!(f, ": holder record empty or unreadable")?,
                 }
             }
         }

@@ -233,6 +233,7 @@ mod tests {
             }),
             holders: holders.to_vec(),
             record_note: None,
+            names: Vec::new(),
             waited: std::time::Duration::ZERO,
         }
     }

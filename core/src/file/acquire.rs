@@ -606,6 +606,7 @@ impl FilePending {
             holder: None,
             holders: Vec::new(),
             record_note: None,
+            names: Vec::new(),
             waited: self.started.elapsed(),
         };
         if let Some(orphan) = &self.orphan {
@@ -627,6 +628,14 @@ impl FilePending {
                     Ok(()) => c.holder = Some(r),
                     Err(what) => c.record_note = Some(what),
                 }
+            }
+            // No record names the holder: the kernel's holders by name.
+            if c.holder.is_none() {
+                c.names = c
+                    .holders
+                    .iter()
+                    .filter_map(|&pid| process::name(pid).map(|n| (pid, n)))
+                    .collect();
             }
         }
         c

@@ -199,7 +199,9 @@ pub(crate) fn record_is_holder(r: &Record, holders: &[u32]) -> Result<(), String
         Ok(())
     } else {
         Err(format!(
-            "the lease file's record is of {}, which does not hold it (its holder wrote no record)",
+            "the lease file's record is of {}, which does not hold it: the holder inherited \
+             the lock (a command that process started) or locked the file without writing a \
+             record",
             who()
         ))
     }

@@ -222,6 +222,7 @@ impl Attempt {
         let c = Box::new(*self.contention.clone().unwrap_or_else(|| {
             Box::new(Contention {
                 record_note: None,
+                names: Vec::new(),
                 target: self.shown().to_path_buf(),
                 lease_path: self.shown().to_path_buf(),
                 holder: None,

@@ -168,6 +168,7 @@ pub(crate) async fn contention(conn: &Conn, t: &Target, started: Instant) -> Con
         holder,
         holders: Vec::new(),
         record_note: None,
+        names: Vec::new(),
         waited: started.elapsed(),
     }
 }

@@ -387,6 +387,7 @@ impl Run {
                 holder: Some(holder),
                 holders: Vec::new(),
                 record_note: None,
+                names: Vec::new(),
                 waited: self.started.elapsed(),
             });
         }

@@ -176,6 +176,7 @@ impl Run {
                 lease_path: PathBuf::from(&t.shown),
                 holder: None,
                 holders: Vec::new(),
+                names: Vec::new(),
                 record_note: Some(format!(
                     "a transaction, an application's fencing check, kept the lease's row \
                      in {TABLE} locked FOR SHARE for the rest of the wait; the lock itself \

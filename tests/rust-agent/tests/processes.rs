@@ -832,11 +832,13 @@ fn unwritable_existing_lease_file_is_locked_read_only() {
     );
     // The message leads with the kernel's holder and says what the record
     // left in the file is: not the holder's (it wrote none).
+    let msg = e["message"].as_str().unwrap();
     assert!(
-        e["message"].as_str().unwrap().contains(&format!(
-            "is leased by pid {} (the lease file's record is of pid {}",
-            a.pid, root.pid
-        )),
+        msg.contains(&format!("is leased by pid {} (", a.pid))
+            && msg.contains(&format!(
+                "): the lease file's record is of pid {}",
+                root.pid
+            )),
         "{e}"
     );
     assert_eq!(e["holder"], json!(null), "{e}");

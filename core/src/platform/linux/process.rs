@@ -87,6 +87,20 @@ fn write_decimal(out: &mut [u8], mut v: u32) -> usize {
 /// `/proc/self/stat` and `/proc/<its own PID>/stat` for the program it runs,
 /// with a start time of its own that can be a tick off the kernel's, which
 /// every other process reads.
+/// The name the kernel gives process `pid`: its `comm`, the executable's
+/// name (at most 15 bytes, which the process may change), never its
+/// arguments, which may hold a secret. Control characters read as `?`.
+/// `None` when it cannot be read.
+pub fn name(pid: u32) -> Option<String> {
+    let raw = std::fs::read(format!("/proc/{pid}/comm")).ok()?;
+    let text = String::from_utf8_lossy(raw.strip_suffix(b"\n").unwrap_or(&raw));
+    let name: String = text
+        .chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect();
+    (!name.is_empty()).then_some(name)
+}
+
 pub fn start_time(pid: u32) -> Option<u64> {
     let stat = std::fs::read(format!("/proc/{pid}/task/{pid}/stat")).ok()?;
     parse_start_time(&stat)

@@ -37,6 +37,11 @@ pub fn fd_path(_fd: BorrowedFd<'_>) -> io::Result<Vec<u8>> {
     Err(unsupported("the name of an open file"))
 }
 
+/// No process names without `/proc`.
+pub fn name(_pid: u32) -> Option<String> {
+    None
+}
+
 pub fn start_time(_pid: u32) -> Option<u64> {
     None
 }
