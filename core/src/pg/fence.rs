@@ -89,10 +89,17 @@ impl Fences {
     }
 
     /// Whether a fence ahead is for a holder that may yet be seen to end
-    /// (so `left` is worth asking again before it passes).
+    /// and would shorten the wait if it did (so `left` is worth asking
+    /// again before it passes): not this process (alive while it asks),
+    /// and ending later than every fence nothing can cut short.
     pub(crate) fn may_end(&self) -> bool {
         let now = Instant::now();
-        self.0.iter().any(|u| u.until > now && u.holder.is_some())
+        let me = process::pid();
+        let other = |u: &Until| matches!(u.holder, Some((pid, _)) if pid != me);
+        let fixed = self.0.iter().filter(|u| !other(u)).map(|u| u.until).max();
+        self.0
+            .iter()
+            .any(|u| u.until > now && other(u) && fixed.is_none_or(|f| u.until > f))
     }
 }
 
@@ -141,11 +148,12 @@ mod tests {
     }
 
     /// `left` counts from now: a little less than the fence written a
-    /// moment ago (by less than 100 ms, however busy the machine).
+    /// moment ago (by less than 250 ms, however busy the machine: still
+    /// told from none, and from the longer fence beside the 300 ms one).
     #[track_caller]
     fn near(got: Duration, want: Duration) {
         assert!(
-            got <= want && got + Duration::from_millis(100) > want,
+            got <= want && got + Duration::from_millis(250) > want,
             "{got:?} left, not about {want:?}"
         );
     }
@@ -225,6 +233,23 @@ mod tests {
             ms(500),
         );
         assert!(!remote.may_end());
+        // Nor for this process's own fence, nor for one that a fence
+        // nothing can cut short outlasts.
+        let of = |f: &[Fence]| Fences::of(Some(&serde_json::to_string(f).unwrap()), ms(900));
+        assert!(!of(&[fence_of(me, Some(mine), 900.0)]).may_end());
+        let longer = Fence {
+            left: 900.0,
+            ..other_boot.clone()
+        };
+        assert!(!of(&[dead.clone(), longer.clone()]).may_end());
+        assert!(of(&[
+            Fence {
+                left: 950.0,
+                ..dead.clone()
+            },
+            longer
+        ])
+        .may_end());
         near(wait(&[other_boot]), ms(500));
         let other_ns = Fence {
             pid_ns: dead.pid_ns.map(|n| n + 1),

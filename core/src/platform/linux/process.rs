@@ -80,13 +80,6 @@ fn write_decimal(out: &mut [u8], mut v: u32) -> usize {
     i
 }
 
-/// Start time of a process in clock ticks since boot (field 22 of its main
-/// thread's `stat`, which is the process's), or `None` when no such process
-/// is visible. Read through `task/PID/`: an emulator such as qemu-user
-/// (Docker's way of running another architecture's images) makes up
-/// `/proc/self/stat` and `/proc/<its own PID>/stat` for the program it runs,
-/// with a start time of its own that can be a tick off the kernel's, which
-/// every other process reads.
 /// The name the kernel gives process `pid`: its `comm`, the executable's
 /// name (at most 15 bytes, which the process may change), never its
 /// arguments, which may hold a secret. Control characters read as `?`.
@@ -101,6 +94,13 @@ pub fn name(pid: u32) -> Option<String> {
     (!name.is_empty()).then_some(name)
 }
 
+/// Start time of a process in clock ticks since boot (field 22 of its main
+/// thread's `stat`, which is the process's), or `None` when no such process
+/// is visible. Read through `task/PID/`: an emulator such as qemu-user
+/// (Docker's way of running another architecture's images) makes up
+/// `/proc/self/stat` and `/proc/<its own PID>/stat` for the program it runs,
+/// with a start time of its own that can be a tick off the kernel's, which
+/// every other process reads.
 pub fn start_time(pid: u32) -> Option<u64> {
     let stat = std::fs::read(format!("/proc/{pid}/task/{pid}/stat")).ok()?;
     parse_start_time(&stat)
@@ -197,7 +197,24 @@ fn tasks_exited(pid: u32, start: u64) -> Option<Exit> {
         }
         exiting = true;
     }
-    Some(if exiting { Exit::Exiting } else { Exit::Exited })
+    if exiting {
+        return Some(Exit::Exiting);
+    }
+    // A thread started, and the one that started it gone, between the
+    // listing and the reads would have been missed: the kernel's count of
+    // the process's threads, read after, says whether any lives (a zombie
+    // leader counts itself until it is reaped).
+    match std::fs::read(format!("/proc/{pid}/task/{pid}/stat")) {
+        Ok(stat) if parse_start_time(&stat)? != start => None,
+        Ok(stat) => Some(match parse_num_threads(&stat)? {
+            0 | 1 => Exit::Exited,
+            _ => Exit::Exiting,
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            (alive(pid) == Some(false)).then_some(Exit::Exited)
+        }
+        Err(_) => None,
+    }
 }
 
 /// The `status` of the thread whose `stat` is `stat` (its TID is field 1):
@@ -246,6 +263,14 @@ fn parse_state_and_flags(stat: &[u8]) -> Option<(u8, u64)> {
     // Fields 4 to 8, then 9.
     let flags = fields.nth(5)?.parse().ok()?;
     Some((state, flags))
+}
+
+/// How many threads the process has (field 20 of a `stat`).
+fn parse_num_threads(stat: &[u8]) -> Option<u64> {
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    let rest = std::str::from_utf8(&stat[close + 1..]).ok()?;
+    // Fields 3 (state) onwards; field 20 is index 17.
+    rest.split_ascii_whitespace().nth(17)?.parse().ok()
 }
 
 /// The command name (field 2) may hold spaces and parentheses, so fields are
@@ -586,11 +611,13 @@ mod tests {
     }
 
     #[test]
-    fn start_time_is_field_22_even_with_odd_names() {
+    fn start_time_and_threads_are_fields_22_and_20_even_with_odd_names() {
         let stat = b"4242 (my (odd) name) S 1 4242 4242 0 -1 4194560 100 0 0 0 \
                      1 2 0 0 20 0 1 0 987654 12345 100 18446744073709551615";
         assert_eq!(parse_start_time(stat), Some(987654));
         assert_eq!(parse_start_time(b"garbage"), None);
+        assert_eq!(parse_num_threads(stat), Some(1));
+        assert_eq!(parse_num_threads(b"garbage"), None);
     }
 
     #[test]
