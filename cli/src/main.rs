@@ -44,7 +44,7 @@ enum Command {
     /// postgresql://…?lease=NAME target.
     ///
     /// Exit status: 0 free, 3 held, 4 split (a live process holds a deleted
-    /// former lease file), 5 unknown, 66 free but never leased and no such
+    /// former lease file), 5 unknown, 66 free but no such file and no lease
     /// file (a mistyped path?), 71 error.
     Status {
         target: PathBuf,

@@ -7,7 +7,7 @@ use sidelease::{inspect, Inspection, Options, State};
 
 use crate::EXIT_ERROR;
 
-/// `status` of a path that is not there and was never leased: EX_NOINPUT.
+/// `status` of a path that is not there and has no lease file: EX_NOINPUT.
 const EXIT_NO_SUCH: u8 = 66;
 
 pub fn run(target: &Path, suffix: &str, json: bool) -> ExitCode {
@@ -19,8 +19,8 @@ pub fn run(target: &Path, suffix: &str, json: bool) -> ExitCode {
             return ExitCode::from(EXIT_ERROR);
         }
     };
-    // Free, and neither the database nor its lease file is there: never
-    // leased here, most likely a mistyped path, which `status $DB &&
+    // Free, and neither the database nor its lease file is there: most
+    // likely a mistyped path, which `status $DB &&
     // maintenance` must not read as "free" (EX_NOINPUT, as a read of a
     // missing file). A database not created yet says so too.
     let absent = i.state == State::Free
@@ -35,7 +35,7 @@ pub fn run(target: &Path, suffix: &str, json: bool) -> ExitCode {
     }
     if absent {
         eprintln!(
-            "sidelease: {}: no such file, and never leased (no {}): a mistyped path? \
+            "sidelease: {}: no such file, and no lease file ({}): a mistyped path? \
              (exit {EXIT_NO_SUCH})",
             target.display(),
             i.lease_path.display()

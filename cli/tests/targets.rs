@@ -104,7 +104,7 @@ fn a_lease_file_given_as_the_target_is_refused_naming_its_database() {
     );
 }
 
-/// A mistyped path is free, and never leased: `status` says so with its
+/// A mistyped path is free, and has no lease file: `status` says so with its
 /// own exit status (66), so `sidelease status $DB && maintenance` stops. A
 /// database that is there, or a lease file left by an earlier holder, is
 /// plainly free (0).
@@ -118,7 +118,7 @@ fn status_of_a_path_that_is_not_there_and_never_leased_exits_66() {
         let err = String::from_utf8_lossy(&out.stderr).into_owned();
         assert_eq!(out.status.code(), Some(66), "{args:?}: {err}");
         assert!(
-            err.contains(&format!("{typo}: no such file, and never leased"))
+            err.contains(&format!("{typo}: no such file, and no lease file"))
                 && err.contains("mistyped"),
             "{args:?}: {err}"
         );

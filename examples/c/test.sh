@@ -30,11 +30,16 @@ readelf -d "$work/daemon" | grep -q 'NEEDED.*libsidelease.so.0' || { echo "not l
 # does not start, and says why (README's C section).
 # shellcheck disable=SC2046
 cc -std=c11 -Wall -Werror "$here/daemon.c" $(pkg-config --cflags --libs sidelease) -o "$work/daemon-no-rpath"
-if out=$(env -u LD_LIBRARY_PATH "$work/daemon-no-rpath" "$work/unused" 2>&1); then
+# (No argument: a daemon the loader did start, from a copy of the library
+# it knows of, prints its usage and exits rather than running.)
+if ldconfig -p 2>/dev/null | grep -q 'libsidelease\.so\.0'; then
+  echo "examples/c: the loader knows a libsidelease.so.0 of its own: the no-rpath check is skipped"
+elif out=$(env -u LD_LIBRARY_PATH timeout 10 "$work/daemon-no-rpath" 2>&1); then
   echo "the daemon ran without an rpath to its library" >&2; exit 1
+else
+  echo "$out" | grep -q "libsidelease.so.0" \
+    || { echo "$out" >&2; echo "no loader error naming libsidelease.so.0" >&2; exit 1; }
 fi
-echo "$out" | grep -q "libsidelease.so.0: cannot open shared object file" \
-  || { echo "$out" >&2; echo "no loader error naming libsidelease.so.0" >&2; exit 1; }
 
 mkdir "$work/data"
 "$work/daemon" "$work/data" >"$work/a.out" 2>&1 &
