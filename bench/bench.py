@@ -515,8 +515,9 @@ def report(r: Dict[str, Any], quick: bool, pngs: List[str], elapsed: float) -> s
             "A lease lives on its process's shared session by default (`shared cycle`: another lease holds the "
             "session open; the lock and the holder row in one round trip, the release in another), so its floor is "
             "a bare `pg_try_advisory_lock` + `pg_advisory_unlock` on an open connection (`bare round trip`). A lease "
-            "with a connection of its own (`session=own`, `cycle`) has a bare connect + try-lock + unlock as its "
-            "floor. Handoff: from the holder's release call to the waiter (another process, waiting on a "
+            "with a connection of its own (`session=own`, `cycle`) had a bare connect + try-lock + unlock as its "
+            "floor; its released connection is now kept 2 s for the next lease that goes alone to the server, so "
+            "the cycle pays no connect, and the bare connect is its ceiling. Handoff: from the holder's release call to the waiter (another process, waiting on a "
             "connection of its own) holding, beside a bare `pg_advisory_lock` waiter woken by "
             "`pg_advisory_unlock`.", "",
             table({k.replace("_", " "): v for k, v in pgt.items()}), "",

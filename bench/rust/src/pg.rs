@@ -2,7 +2,8 @@
 //! server: a bare `pg_try_advisory_lock` + `pg_advisory_unlock` on an open
 //! connection (what a lease on the process's shared session costs at
 //! least), the same on a new connection each time (what a lease on a
-//! connection of its own, `session=own`, costs at least); the handoff
+//! connection of its own, `session=own`, costs at most once its released
+//! connection is kept for the next); the handoff
 //! beside a bare `pg_advisory_lock` waiter woken by an unlock; and what
 //! 1,000 leases of one process hold: server sessions and descriptors.
 //! Every lease here says `sslmode=disable`, as the bare clients (NoTls).
@@ -61,7 +62,9 @@ pub(crate) fn run(url: &str, n: usize) -> Value {
         .enable_all()
         .build()
         .expect("runtime");
-    // A lease of its own: a connection, a session and a thread each time.
+    // A lease of its own: its connection, kept 2 s after a clean release
+    // for the next one that goes alone (core/src/pg/idle.rs), is the one
+    // before's (the first cycle alone connects).
     let own = cycle(&lease(url, "own", "&session=own"), n);
     // On the process's shared session (the default), which another lease
     // keeps open: the lock and the row in one round trip, the release in

@@ -28,6 +28,9 @@ struct Local {
     /// one that refused to be shared is not tried again.
     hubs: HashMap<String, UnboundedSender<Cmd>>,
     refused: HashMap<String, std::time::Instant>,
+    /// Released sessions of their own kept for the next acquisition, by
+    /// server (`idle.rs`).
+    idle: HashMap<String, Vec<super::idle::Offer>>,
 }
 
 /// What `hub` found for a server.
@@ -74,6 +77,33 @@ pub(crate) fn refuse_hub(server: &str, tx: &UnboundedSender<Cmd>, span: std::tim
     lock()
         .refused
         .insert(server.to_owned(), std::time::Instant::now() + span);
+}
+
+/// List a kept session of `server`.
+pub(super) fn offer_idle(server: &str, tx: super::idle::Offer) {
+    lock().idle.entry(server.to_owned()).or_default().push(tx);
+}
+
+/// The most recently kept session of `server` still waiting, unlisted.
+pub(super) fn take_idle(server: &str) -> Option<super::idle::Offer> {
+    let mut g = lock();
+    let list = g.idle.get_mut(server)?;
+    let found = std::iter::from_fn(|| list.pop()).find(|tx| !tx.is_closed());
+    if list.is_empty() {
+        g.idle.remove(server);
+    }
+    found
+}
+
+/// Unlist the kept session `tx`, if still listed.
+pub(super) fn forget_idle(server: &str, tx: &super::idle::Offer) {
+    let mut g = lock();
+    if let Some(list) = g.idle.get_mut(server) {
+        list.retain(|t| !t.same_channel(tx));
+        if list.is_empty() {
+            g.idle.remove(server);
+        }
+    }
 }
 
 static LOCAL: AtomicPtr<Mutex<Local>> = AtomicPtr::new(ptr::null_mut());

@@ -25,6 +25,8 @@ mod held;
 #[cfg(feature = "postgres")]
 mod hub;
 #[cfg(feature = "postgres")]
+mod idle;
+#[cfg(feature = "postgres")]
 mod inspect;
 #[cfg(feature = "postgres")]
 mod link;

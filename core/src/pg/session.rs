@@ -18,9 +18,10 @@ use tokio_postgres::types::Type;
 use super::attempt::Slot;
 use super::confirm::{beat, ended, silent, Beat, Confirmed, ENDED_GRACE};
 use super::conn::{
-    io_error, open_tracked, pg_error, pooler, probe, release_within, standby_error, Conn, Pooled,
-    CONNECT_TIMEOUT, FOREIGN_LOCKS, POOLER_CHECK, ROW_LOCK_TIMEOUT,
+    application_name, in_order, io_error, open_tracked, pg_error, pooler, probe, release_within,
+    standby_error, Conn, Pooled, CONNECT_TIMEOUT, FOREIGN_LOCKS, POOLER_CHECK, ROW_LOCK_TIMEOUT,
 };
+use super::idle;
 use super::inspect::contention;
 use super::link::{Cmd, Link};
 use super::local;
@@ -35,6 +36,9 @@ use crate::registry;
 /// How long a statement other than the heartbeat may wait for its answer
 /// (a release, the cancel of a wait).
 pub const HEARTBEAT_DEADLINE: Duration = Duration::from_secs(2);
+/// A kept session's new name, for the lease it now serves
+/// (`application_name`, as `conn::open` sets it).
+const NAME_SESSION: &str = "SELECT set_config('application_name', $1, false)";
 /// Between reconnections while waiting (the server restarting, say).
 const RECONNECT_PAUSE: Duration = Duration::from_millis(250);
 
@@ -57,6 +61,14 @@ pub(super) enum Step {
     Again,
 }
 
+/// Why connecting gave no session.
+enum NoConn {
+    Fail(Error),
+    /// Not yet: look again (after the pause it took).
+    Again,
+    GivenUp,
+}
+
 pub(super) struct Run {
     pub(super) target: Arc<Target>,
     pub(super) opts: Options,
@@ -71,6 +83,9 @@ pub(super) struct Run {
     /// This connection was found to reach a server session of its own
     /// through whatever sits between (see `conn::probe`).
     probed: bool,
+    /// The server saw this connection's ends as its own: nothing sits
+    /// between, and the session may be kept after a release (`idle.rs`).
+    direct: bool,
 }
 
 pub(crate) fn spawn(
@@ -85,12 +100,16 @@ pub(crate) fn spawn(
         waiter_id: registry::attempt_id(),
         plan: None,
         probed: false,
+        direct: false,
         target,
         opts,
         started,
         slot,
         rx,
         tx,
+    };
+    let Some(run) = idle::hand(Box::new(run)) else {
+        return Ok(());
     };
     let shown = run.target.shown.clone();
     std::thread::Builder::new()
@@ -100,7 +119,14 @@ pub(crate) fn spawn(
                 .enable_all()
                 .build();
             match rt {
-                Ok(rt) => rt.block_on(run.main()),
+                Ok(rt) => rt.block_on(async move {
+                    // One acquisition, then those it is handed while its
+                    // released session is kept (`idle.rs`).
+                    let mut next: idle::Next = Some((run, None));
+                    while let Some((run, conn)) = next {
+                        next = run.main(conn).await;
+                    }
+                }),
                 Err(e) => {
                     let err = Error::io("tokio runtime", Path::new(&run.target.shown), e);
                     run.slot.finish(Err(err));
@@ -135,7 +161,9 @@ impl Run {
         self.deadline().is_none_or(|d| Instant::now() < d)
     }
 
-    async fn main(mut self) {
+    /// Acquire, on `reused` (a kept session of the server) if given, and
+    /// hold; what the thread runs next.
+    async fn main(mut self: Box<Self>, mut reused: Option<Conn>) -> idle::Next {
         local::wait_for(&self.target.name, self.waiter_id, self.tx.clone());
         let mut connected_once = false;
         loop {
@@ -147,42 +175,33 @@ impl Run {
                 break;
             }
             self.probed = false;
-            let patience = self.patience();
-            let started = std::sync::atomic::AtomicBool::new(false);
-            let mut unanswered = false;
-            let opened = tokio::time::timeout(patience, open_tracked(&self.target, &started))
-                .await
-                .unwrap_or_else(|_| {
-                    unanswered = started.load(std::sync::atomic::Ordering::Relaxed);
-                    Err(io_error(
-                        &self.target,
-                        "connect",
-                        super::conn::unanswered(self.opts.wait, patience),
-                    ))
-                });
-            let conn = match opened {
-                Ok(c) => c,
-                Err(e) => {
-                    // A refusal the first time is the answer (a wrong
-                    // address, password, database), and so is no answer
-                    // to connecting (nothing there); a session the server
-                    // or a pooler took and then left unanswered is waiting
-                    // for a pooler's server session to come free, so it is
-                    // asked again while the caller's wait lasts, as after a
-                    // connection that broke.
-                    let again = connected_once || unanswered;
-                    if again && self.opts.wait != Wait::NoWait && self.time_left() {
-                        if self.pause().await {
-                            continue;
-                        }
+            let kept = reused.take();
+            let was_kept = kept.is_some();
+            let conn = match kept {
+                Some(conn) => conn,
+                None => match self.connect(connected_once).await {
+                    Ok(conn) => conn,
+                    Err(NoConn::Fail(e)) => {
+                        self.slot.finish(Err(e));
                         break;
                     }
-                    self.slot.finish(Err(e));
-                    break;
-                }
+                    Err(NoConn::Again) => continue,
+                    Err(NoConn::GivenUp) => break,
+                },
             };
             connected_once = true;
-            match self.attempt(&conn).await {
+            let step = if was_kept {
+                // The server names the session by its lease, in the same
+                // round trip as the attempt.
+                let app = application_name(&self.target);
+                let param: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 1] =
+                    [(&app, Type::TEXT)];
+                let named = conn.client.query_typed(NAME_SESSION, &param);
+                in_order(named, self.attempt(&conn)).await.1
+            } else {
+                self.attempt(&conn).await
+            };
+            match step {
                 Step::Got {
                     pid,
                     table,
@@ -190,14 +209,16 @@ impl Run {
                     claimed,
                 } => {
                     local::unwait(&self.target.name, self.waiter_id);
-                    self.claim(conn, pid, (table, waited), claimed).await;
-                    return;
+                    return self.claim(conn, pid, (table, waited), claimed).await;
                 }
                 Step::Fail(e) => {
                     conn.close().await;
                     self.slot.finish(Err(e));
                     break;
                 }
+                // A kept session that broke (the server ended it while it
+                // was kept) costs nothing: connect as if there were none.
+                Step::Broken(_) if was_kept => conn.close().await,
                 Step::Broken(e) => {
                     conn.close().await;
                     if !self.time_left() {
@@ -216,6 +237,44 @@ impl Run {
             }
         }
         local::unwait(&self.target.name, self.waiter_id);
+        None
+    }
+
+    /// A new session to the server.
+    async fn connect(&mut self, connected_once: bool) -> std::result::Result<Conn, NoConn> {
+        let patience = self.patience();
+        let started = std::sync::atomic::AtomicBool::new(false);
+        let mut unanswered = false;
+        let opened = tokio::time::timeout(patience, open_tracked(&self.target, &started))
+            .await
+            .unwrap_or_else(|_| {
+                unanswered = started.load(std::sync::atomic::Ordering::Relaxed);
+                Err(io_error(
+                    &self.target,
+                    "connect",
+                    super::conn::unanswered(self.opts.wait, patience),
+                ))
+            });
+        match opened {
+            Ok(c) => Ok(c),
+            Err(e) => {
+                // A refusal the first time is the answer (a wrong
+                // address, password, database), and so is no answer to
+                // connecting (nothing there); a session the server or a
+                // pooler took and then left unanswered is waiting for a
+                // pooler's server session to come free, so it is asked
+                // again while the caller's wait lasts, as after a
+                // connection that broke.
+                let again = connected_once || unanswered;
+                if again && self.opts.wait != Wait::NoWait && self.time_left() {
+                    return Err(match self.pause().await {
+                        true => NoConn::Again,
+                        false => NoConn::GivenUp,
+                    });
+                }
+                Err(NoConn::Fail(e))
+            }
+        }
     }
 
     /// Sleep before reconnecting; false if the attempt was given up.
@@ -337,6 +396,7 @@ impl Run {
             row.get(5),
             row.get(6),
         );
+        self.direct = direct;
         if standby {
             return Step::Fail(standby_error(t));
         }
@@ -417,7 +477,7 @@ impl Run {
         (generation, fences): (i64, super::fence::Fences),
         pid: i32,
         sent: u64,
-    ) {
+    ) -> idle::Next {
         let t = self.target.clone();
         let shown = PathBuf::from(&t.shown);
         let link = Link::on_own(
@@ -443,28 +503,30 @@ impl Run {
             // Given up while the row was written: let go at once.
             let _ = release_within(&conn.client, &t, generation).await;
             conn.close().await;
-            return;
+            return None;
         }
         let mut next = tokio::time::Instant::now() + confirmed.interval();
         let mut asked: Option<std::sync::mpsc::SyncSender<bool>> = None;
+        // A copy of the socket went to a command: the session is not kept.
+        let (mut handed, direct) = (false, self.direct);
         let lost = loop {
             tokio::select! {
                 cmd = self.rx.recv() => match cmd {
                     Some(Cmd::Release(reply)) => {
-                        let r = release_within(&conn.client, &t, generation).await;
+                        let (r, kept) = idle::release(&conn, &t, generation, direct && !handed).await;
                         // Unlocked and recorded: the caller need not wait
                         // for the session to close.
                         let _ = reply.send(r);
-                        conn.close().await;
-                        return;
+                        return idle::rest(conn, kept).await;
                     }
                     None => {
-                        let _ = release_within(&conn.client, &t, generation).await;
-                        conn.close().await;
-                        return;
+                        let (_, kept) = idle::release(&conn, &t, generation, direct && !handed).await;
+                        return idle::rest(conn, kept).await;
                     }
                     Some(Cmd::HandOn(reply)) => {
-                        let _ = reply.send(conn.hand_on());
+                        let copy = conn.hand_on();
+                        handed |= copy.is_ok();
+                        let _ = reply.send(copy);
                     }
                     Some(Cmd::Confirm(reply)) => match beat(&conn, pid, &confirmed).await {
                         Ok(()) => {
@@ -517,8 +579,9 @@ impl Run {
         while let Some(cmd) = self.rx.recv().await {
             if let Cmd::Release(reply) = cmd {
                 let _ = reply.send(Ok(()));
-                return;
+                return None;
             }
         }
+        None
     }
 }

@@ -46,7 +46,7 @@ impl Run {
         pid: i32,
         (table, waited): (bool, bool),
         claimed: Option<Box<Claimed>>,
-    ) {
+    ) -> super::idle::Next {
         let t = self.target.clone();
         if self.slot.abandoned() {
             match claimed.as_deref() {
@@ -61,7 +61,7 @@ impl Run {
                 }
             }
             conn.close().await;
-            return;
+            return None;
         }
         let claimed = match claimed {
             Some(c) => Ok(*c),
@@ -87,6 +87,7 @@ impl Run {
                 let _ = unlock(&conn.client, t.key).await;
                 conn.close().await;
                 self.slot.finish(Err(e));
+                None
             }
         }
     }

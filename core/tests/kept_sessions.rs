@@ -1,0 +1,222 @@
+//! A lease's own session kept a moment after its release for the next
+//! acquisition that goes alone to the same server (`core/src/pg/idle.rs`):
+//! used again only while it is sound, named for its new lease, never kept
+//! with a lock on it, through a pooler's socket, after a copy of it went to
+//! a command, nor past its time. Against the throwaway cluster
+//! (`tests/pg/cluster start`; tests/run starts one).
+#![cfg(feature = "postgres")]
+
+use std::time::{Duration, Instant};
+
+use sidelease::{Lease, Options, Wait};
+
+mod common;
+use common::{env, holder_backend, psql};
+
+/// Kept sessions are the process's: one test at a time takes them.
+static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn alone() -> std::sync::MutexGuard<'static, ()> {
+    ONE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A lease name short enough to show whole in a session's name (63
+/// bytes with the process's PID and host), and no other run's.
+fn short(tag: &str) -> String {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    format!("{tag}{n}-{nanos:x}")
+}
+
+fn own(base: &str, tag: &str) -> (String, String) {
+    let name = short(tag);
+    (format!("{base}?lease={name}&session=own"), name)
+}
+
+fn opts() -> Options {
+    Options::new().wait(Wait::Timeout(Duration::from_secs(10)))
+}
+
+/// The backend's application name, or "" once the session is gone.
+fn app_name(backend: i32) -> String {
+    psql(&format!(
+        "SELECT application_name FROM pg_stat_activity WHERE pid = {backend}"
+    ))
+}
+
+/// Advisory locks the backend holds, of any lease.
+fn locks_held(backend: i32) -> u32 {
+    psql(&format!(
+        "SELECT count(*) FROM pg_locks WHERE pid = {backend} AND locktype = 'advisory' AND granted"
+    ))
+    .parse()
+    .unwrap()
+}
+
+fn gone_within(backend: i32, limit: Duration) -> Duration {
+    let t = Instant::now();
+    while !app_name(backend).is_empty() {
+        assert!(
+            t.elapsed() < limit,
+            "backend {backend} still open {limit:?} later"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    t.elapsed()
+}
+
+#[test]
+fn a_released_session_serves_the_next_lease_on_that_server_then_closes() {
+    let _one = alone();
+    let base = env("SIDELEASE_TEST_PG");
+    let (a, a_name) = own(&base, "kept-a");
+    let (b, b_name) = own(&base, "kept-b");
+    let first = Lease::acquire(&a, &opts()).unwrap();
+    let backend = holder_backend(&a_name);
+    first.release().unwrap();
+    // Kept: open, named for the lease it served, holding nothing.
+    assert!(
+        app_name(backend).ends_with(&a_name),
+        "{}",
+        app_name(backend)
+    );
+    assert_eq!(locks_held(backend), 0);
+    let second = Lease::acquire(&b, &opts()).unwrap();
+    assert_eq!(holder_backend(&b_name), backend, "the kept session holds b");
+    assert!(
+        app_name(backend).ends_with(&b_name),
+        "named for its new lease: {}",
+        app_name(backend)
+    );
+    assert_eq!(locks_held(backend), 1, "b's lock alone");
+    second.release().unwrap();
+    // Not past its time: gone within IDLE_KEEP (2 s) and the close.
+    let after = gone_within(backend, Duration::from_secs(5));
+    assert!(
+        after > Duration::from_millis(1500),
+        "closed after {after:?}, not kept"
+    );
+}
+
+#[test]
+fn a_kept_session_the_server_ended_costs_the_next_acquisition_nothing() {
+    let _one = alone();
+    let base = env("SIDELEASE_TEST_PG");
+    // More rounds where a test build delays the kept session's thread
+    // between seeing its end and closing its offer (SIDELEASE_FAULTS).
+    let rounds = if cfg!(feature = "fault-injection") {
+        40
+    } else {
+        5
+    };
+    for round in 0..rounds {
+        let (a, a_name) = own(&base, "ended-a");
+        let (b, b_name) = own(&base, "ended-b");
+        let held = Lease::acquire(&a, &opts()).unwrap();
+        let backend = holder_backend(&a_name).to_string();
+        held.release().unwrap();
+        psql(&format!("SELECT pg_terminate_backend({backend})"));
+        // At once, before the client may have read the end (round 0), and
+        // after it surely did.
+        if round % 5 > 0 {
+            std::thread::sleep(Duration::from_millis(20 * (round % 5)));
+        }
+        let t = Instant::now();
+        let lease = Lease::acquire(&b, &Options::new()).unwrap();
+        let took = t.elapsed();
+        assert_ne!(holder_backend(&b_name).to_string(), backend);
+        // A session that broke while waiting is paused on (250 ms) before
+        // connecting again; a kept one that broke is not.
+        assert!(took < Duration::from_millis(200), "round {round}: {took:?}");
+        lease.release().unwrap();
+    }
+}
+
+#[test]
+fn a_session_whose_socket_went_to_a_command_is_not_kept() {
+    let _one = alone();
+    let base = env("SIDELEASE_TEST_PG");
+    let (a, a_name) = own(&base, "handed-a");
+    let lease = Lease::acquire(&a, &opts().inheritable(true)).unwrap();
+    let backend = holder_backend(&a_name);
+    let copy = lease.inheritable_fd().unwrap();
+    lease.release().unwrap();
+    drop(copy);
+    // Closed by both ends now, as before kept sessions.
+    gone_within(backend, Duration::from_secs(1));
+}
+
+#[test]
+fn a_session_through_a_unix_socket_is_not_kept() {
+    // Whatever listens on a socket file may be a pooler: its server
+    // session goes back to the pool at once.
+    let _one = alone();
+    let base = env("SIDELEASE_TEST_PG");
+    let dir = env("SIDELEASE_TEST_PG_DIR");
+    let port = env("SIDELEASE_TEST_PG_PORT");
+    let creds = base.split_once("://").unwrap().1.split_once('@').unwrap().0;
+    let name = short("unix");
+    let url = format!("postgresql://{creds}@/app?host={dir}&port={port}&lease={name}&session=own");
+    let lease = Lease::acquire(&url, &opts()).unwrap();
+    let backend = holder_backend(&name);
+    lease.release().unwrap();
+    gone_within(backend, Duration::from_secs(1));
+}
+
+#[test]
+fn a_fork_child_does_not_use_its_parent_kept_session() {
+    let _one = alone();
+    let base = env("SIDELEASE_TEST_PG");
+    let (a, a_name) = own(&base, "fork-a");
+    let (b, b_name) = own(&base, "fork-b");
+    let held = Lease::acquire(&a, &opts()).unwrap();
+    let kept = holder_backend(&a_name);
+    held.release().unwrap();
+    assert!(!app_name(kept).is_empty(), "kept after the release");
+    let kept = kept.to_string();
+    // SAFETY: the child calls only the library (which makes fork safe for
+    // itself) and exits without unwinding.
+    let child = unsafe { libc::fork() };
+    assert!(child >= 0);
+    if child == 0 {
+        let code = match Lease::acquire(&b, &opts()) {
+            Ok(l) => {
+                let mine = holder_backend(&b_name).to_string();
+                let _ = l.release();
+                if mine == kept {
+                    3
+                } else {
+                    0
+                }
+            }
+            Err(_) => 2,
+        };
+        // SAFETY: ends the child at once, running nothing of the parent's.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    let t = Instant::now();
+    loop {
+        // SAFETY: our child, and a status this frame owns.
+        let r = unsafe { libc::waitpid(child, &mut status, libc::WNOHANG) };
+        if r == child {
+            break;
+        }
+        if t.elapsed() > Duration::from_secs(15) {
+            // SAFETY: our child, not yet reaped (the PID is still ours).
+            unsafe { libc::kill(child, libc::SIGKILL) };
+            panic!("the child's acquisition hung");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(libc::WIFEXITED(status), "status {status}");
+    assert_eq!(
+        libc::WEXITSTATUS(status),
+        0,
+        "2: the child's acquisition failed; 3: it got the parent's session"
+    );
+}
