@@ -220,3 +220,51 @@ fn a_fork_child_does_not_use_its_parent_kept_session() {
         "2: the child's acquisition failed; 3: it got the parent's session"
     );
 }
+
+#[test]
+fn a_kept_session_bounds_the_next_row_write_as_a_new_one_would() {
+    // A wait with a 60 s limit leaves its session's lock timeout at what
+    // was left of it; the next lease on the kept session, one attempt,
+    // must wait for a fencing transaction's row lock 5 s, as on a new
+    // session, not the 60 s of the wait before.
+    let _one = alone();
+    let base = env("SIDELEASE_TEST_PG");
+    let (a, a_name) = own(&base, "bound-a");
+    let (b, b_name) = own(&base, "bound-b");
+    // b's row, written on the shared session.
+    Lease::acquire(format!("{base}?lease={b_name}"), &Options::new())
+        .unwrap()
+        .release()
+        .unwrap();
+    let key = sidelease::pg::target::key_of(&a_name);
+    let blocker =
+        std::thread::spawn(move || psql(&format!("SELECT pg_advisory_lock({key}), pg_sleep(0.5)")));
+    let t = Instant::now();
+    while common::server_locks(&a_name) == 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the blocker never locked"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let waited = Lease::acquire(
+        &a,
+        &Options::new().wait(Wait::Timeout(Duration::from_secs(60))),
+    )
+    .unwrap();
+    blocker.join().unwrap();
+    waited.release().unwrap();
+    let fencing = std::thread::spawn(move || {
+        psql(&format!(
+            "BEGIN; SELECT generation FROM sidelease_leases WHERE name = '{b_name}' FOR SHARE; \
+             SELECT pg_sleep(7); COMMIT;"
+        ))
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let t = Instant::now();
+    let e = Lease::acquire(&b, &Options::new()).unwrap_err();
+    let took = t.elapsed();
+    assert!(e.to_string().contains("fencing check"), "{e}");
+    assert!(took < Duration::from_millis(6500), "{took:?}");
+    fencing.join().unwrap();
+}

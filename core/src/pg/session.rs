@@ -36,9 +36,17 @@ use crate::registry;
 /// How long a statement other than the heartbeat may wait for its answer
 /// (a release, the cancel of a wait).
 pub const HEARTBEAT_DEADLINE: Duration = Duration::from_secs(2);
-/// A kept session's new name, for the lease it now serves
-/// (`application_name`, as `conn::open` sets it).
-const NAME_SESSION: &str = "SELECT set_config('application_name', $1, false)";
+/// A kept session made new for its next lease: named for it
+/// (`application_name`, as `conn::open` sets it), and its lock timeout
+/// back to the row write's bound (`SESSION_SETTINGS`), which a wait before
+/// set to its caller's time (`wait.rs`; "0", none, for a wait without a
+/// limit) and an attempt that does not wait does not set.
+static RENEW_SESSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT set_config('application_name', $1, false), \
+         set_config('lock_timeout', '{ROW_LOCK_TIMEOUT}', false)"
+    )
+});
 /// Between reconnections while waiting (the server restarting, say).
 const RECONNECT_PAUSE: Duration = Duration::from_millis(250);
 
@@ -191,12 +199,12 @@ impl Run {
             };
             connected_once = true;
             let step = if was_kept {
-                // The server names the session by its lease, in the same
-                // round trip as the attempt.
+                // Renewed for this lease in the same round trip as the
+                // attempt.
                 let app = application_name(&self.target);
                 let param: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 1] =
                     [(&app, Type::TEXT)];
-                let named = conn.client.query_typed(NAME_SESSION, &param);
+                let named = conn.client.query_typed(&RENEW_SESSION, &param);
                 in_order(named, self.attempt(&conn)).await.1
             } else {
                 self.attempt(&conn).await
