@@ -18,7 +18,7 @@ use tokio_postgres::types::Type;
 use super::attempt::Slot;
 use super::confirm::{beat, ended, silent, Beat, Confirmed, ENDED_GRACE};
 use super::conn::{
-    application_name, in_order, io_error, open_tracked, pg_error, pooler, probe, release_within,
+    application_name, io_error, open_tracked, pg_error, pooler, probe, release_within,
     standby_error, Conn, Pooled, CONNECT_TIMEOUT, FOREIGN_LOCKS, POOLER_CHECK, ROW_LOCK_TIMEOUT,
 };
 use super::idle;
@@ -183,10 +183,13 @@ impl Run {
                 break;
             }
             self.probed = false;
-            let kept = reused.take();
-            let was_kept = kept.is_some();
-            let conn = match kept {
-                Some(conn) => conn,
+            let conn = match reused.take() {
+                // A kept session that the server ended while it was kept
+                // costs nothing: connect as if there were none.
+                Some(conn) => match self.renew(conn).await {
+                    Some(conn) => conn,
+                    None => continue,
+                },
                 None => match self.connect(connected_once).await {
                     Ok(conn) => conn,
                     Err(NoConn::Fail(e)) => {
@@ -198,18 +201,7 @@ impl Run {
                 },
             };
             connected_once = true;
-            let step = if was_kept {
-                // Renewed for this lease in the same round trip as the
-                // attempt.
-                let app = application_name(&self.target);
-                let param: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 1] =
-                    [(&app, Type::TEXT)];
-                let named = conn.client.query_typed(&RENEW_SESSION, &param);
-                in_order(named, self.attempt(&conn)).await.1
-            } else {
-                self.attempt(&conn).await
-            };
-            match step {
+            match self.attempt(&conn).await {
                 Step::Got {
                     pid,
                     table,
@@ -224,9 +216,6 @@ impl Run {
                     self.slot.finish(Err(e));
                     break;
                 }
-                // A kept session that broke (the server ended it while it
-                // was kept) costs nothing: connect as if there were none.
-                Step::Broken(_) if was_kept => conn.close().await,
                 Step::Broken(e) => {
                     conn.close().await;
                     if !self.time_left() {
@@ -244,8 +233,29 @@ impl Run {
                 }
             }
         }
+        if let Some(conn) = reused {
+            conn.close().await;
+        }
         local::unwait(&self.target.name, self.waiter_id);
         None
+    }
+
+    /// A kept session made new for this lease, or `None` (closed) if it
+    /// did not answer as a sound one does: within the heartbeat's deadline
+    /// and half the time connecting may take, so that a new connection has
+    /// the other half (a server that went silent, with no reset to tell).
+    async fn renew(&self, conn: Conn) -> Option<Conn> {
+        let app = application_name(&self.target);
+        let param: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 1] = [(&app, Type::TEXT)];
+        let renewed = conn.client.query_typed(&RENEW_SESSION, &param);
+        let bound = HEARTBEAT_DEADLINE.min(self.patience() / 2);
+        match tokio::time::timeout(bound, renewed).await {
+            Ok(Ok(_)) => Some(conn),
+            _ => {
+                conn.close().await;
+                None
+            }
+        }
     }
 
     /// A new session to the server.
@@ -273,7 +283,9 @@ impl Run {
                 // pooler's server session to come free, so it is asked
                 // again while the caller's wait lasts, as after a
                 // connection that broke.
-                let again = connected_once || unanswered;
+                // So is a server at its connection limit (a session kept
+                // for a moment, `idle.rs`, may be what fills it).
+                let again = connected_once || unanswered || too_many(&e);
                 if again && self.opts.wait != Wait::NoWait && self.time_left() {
                     return Err(match self.pause().await {
                         true => NoConn::Again,
@@ -592,4 +604,11 @@ impl Run {
         }
         None
     }
+}
+
+/// Whether connecting was refused for the server's, the role's or the
+/// database's connection limit (SQLSTATE 53300, as `conn::describe` words
+/// it).
+fn too_many(e: &Error) -> bool {
+    matches!(e, Error::Io { source, .. } if source.to_string().contains("(SQLSTATE 53300)"))
 }

@@ -250,7 +250,9 @@ impl Target {
             let mut h = Sha256::new();
             for part in [
                 rebuilt.as_bytes(),
-                format!("{tls_given:?}").as_bytes(),
+                // As resolved: the PGSSL* variables stand in for what the
+                // URL does not say, and may change between acquisitions.
+                format!("{tls_given:?} {tls:?}").as_bytes(),
                 config.get_user().unwrap_or_default().as_bytes(),
                 config.get_password().unwrap_or_default(),
             ] {
