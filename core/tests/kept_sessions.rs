@@ -367,3 +367,30 @@ fn a_kept_session_whose_server_went_silent_is_left_for_a_new_one() {
     assert_ne!(holder_backend(&b_name), kept);
     lease.release().unwrap();
 }
+
+#[test]
+fn a_session_through_pgbouncer_is_not_kept() {
+    // The pooler's server session goes back to its pool at the release:
+    // PgBouncer resets it (DISCARD ALL) as soon as its client is gone,
+    // where a kept client would hold it 2 s.
+    let _one = alone();
+    let name = short("bouncer");
+    let url = format!(
+        "{}?lease={name}&session=own",
+        env("SIDELEASE_TEST_PGBOUNCER")
+    );
+    let lease = Lease::acquire(&url, &opts()).unwrap();
+    let backend = holder_backend(&name);
+    lease.release().unwrap();
+    let t = Instant::now();
+    while psql(&format!(
+        "SELECT query FROM pg_stat_activity WHERE pid = {backend}"
+    )) != "DISCARD ALL"
+    {
+        assert!(
+            t.elapsed() < Duration::from_millis(1000),
+            "the pooler's server session was not given back: the client kept it"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
