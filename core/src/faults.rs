@@ -1,19 +1,20 @@
 //! Fault injection for test builds: a seeded delay or yield at each step of
 //! acquiring, re-anchoring, guarding and releasing a lease file (and where a
-//! kept PostgreSQL session saw its end, `pg/idle.rs`), so that
-//! interleavings only many cores reach on their own are reached on two.
+//! kept PostgreSQL session saw its end, `pg/idle.rs`, and before a wait's
+//! lock request, `pg/wait.rs`), so that interleavings only many cores
+//! reach on their own are reached on two.
 //!
 //! Compiled in only with the `fault-injection` feature (the soak in
-//! `tests/soak` and tests/run's kept-session test build it; no package,
-//! binding or release build enables it); without it [`step`] is an empty
-//! inline function. With it, nothing
-//! happens unless `SIDELEASE_FAULTS=SEED[:MAX_MICROS]` is set: then each
-//! step draws from a generator seeded by SEED, the process and the step's
-//! count, and sleeps up to MAX_MICROS (default 2000) a quarter of the time,
-//! yields another quarter, and goes on at once otherwise. The same seed
-//! makes the same draws in the same process at the same step count, so a
-//! seed that reaches a race names a reproducible schedule of delays (the
-//! kernel's own scheduling still varies).
+//! `tests/soak` and tests/run's kept-session and given-up-wait tests build
+//! it; no package, binding or release build enables it); without it
+//! [`step`] is an empty inline function. With it, nothing happens unless
+//! `SIDELEASE_FAULTS=SEED[:MAX_MICROS]` is set: then each step draws from a
+//! generator seeded by SEED, the process and the step's count, and sleeps
+//! up to MAX_MICROS (default 2000) a quarter of the time, yields another
+//! quarter, and goes on at once otherwise. The same seed makes the same
+//! draws in the same process at the same step count, so a seed that
+//! reaches a race names a reproducible schedule of delays (the kernel's
+//! own scheduling still varies).
 
 // Built for the unit tests too, so its parsing is tested in every build.
 #[cfg(any(test, feature = "fault-injection"))]

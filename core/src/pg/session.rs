@@ -345,6 +345,10 @@ impl Run {
 
     async fn attempt(&mut self, conn: &Conn) -> Step {
         loop {
+            // Given up while connecting: nothing more to ask the server.
+            if self.slot.abandoned() {
+                return Step::Cancelled;
+            }
             match self.attempt_once(conn).await {
                 Step::Again => continue,
                 step => return step,

@@ -124,6 +124,16 @@ impl Run {
                  END \
              FROM (SELECT {POOLER_CHECK} AS ours, {FOREIGN_LOCKS} AS held_already) pre"
         );
+        // A caller who gave up while the wait was made ready (connecting,
+        // the checks, the plan: round trips a loaded machine stretches to
+        // seconds) is not waited for on the server: a lock request sent
+        // now would wait there until the cancel below reached it, a waiter
+        // left behind after the caller was told the wait ended. A test
+        // build widens the gap between the setup and the request.
+        crate::faults::step("wait.lock");
+        if self.slot.abandoned() {
+            return Step::Cancelled;
+        }
         let sent = Confirmed::clock();
         let lock = c.query_typed(&sql, &params);
         let write = async {
