@@ -116,6 +116,11 @@ pub(crate) fn spawn(
         rx,
         tx,
     };
+    // Given up before it began (a try on the shared session that went on
+    // alone): nothing to run, and no kept session to spend on it.
+    if run.slot.abandoned() {
+        return Ok(());
+    }
     let Some(run) = idle::hand(Box::new(run)) else {
         return Ok(());
     };
@@ -345,7 +350,9 @@ impl Run {
 
     async fn attempt(&mut self, conn: &Conn) -> Step {
         loop {
-            // Given up while connecting: nothing more to ask the server.
+            // Given up meanwhile (while connecting, the kept session's
+            // renewal, a pooler's probe): nothing more to ask the server,
+            // not even a try that could take a free lock for nobody.
             if self.slot.abandoned() {
                 return Step::Cancelled;
             }
