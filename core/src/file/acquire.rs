@@ -24,7 +24,7 @@ use crate::error::{Contention, Error, Result};
 use crate::faults;
 use crate::file::access::{self, Access};
 use crate::file::guard::Orphan;
-use crate::file::holders;
+use crate::file::{holders, previous};
 use crate::lease::{Anchor, Lease};
 use crate::options::{Options, Wait};
 use crate::path::{self, Spelled};
@@ -274,7 +274,17 @@ impl FilePending {
                 }
                 Err(None) => return Ok(None),
             };
-            if self.opts.split_guard && self.needs_precheck(of) && unlocked_now(of.fd()) {
+            let look = self
+                .opts
+                .split_guard
+                .then(|| self.needs_precheck(of))
+                .flatten();
+            // The cheap questions first: a file held by another is not
+            // looked at, and its record is read only once it is free.
+            if look.is_some_and(|strict| {
+                unlocked_now(of.fd())
+                    && (strict || !previous::vouches_now(of.fd(), of.key, &of.canon))
+            }) {
                 let outcome = self.precheck()?;
                 if let Some(orphan) = outcome.orphan {
                     drop(flight);
@@ -360,10 +370,16 @@ impl FilePending {
     /// there, or this process was refused at this path by a former file's
     /// holder before. Such an attempt is refused without locking, so it
     /// never stands between the holder and the file it is putting back.
-    fn needs_precheck(&self, of: &OpenFile) -> bool {
+    /// `Some(true)`: look; `Some(false)`: look unless the file's record
+    /// vouches for it (a young file); `None`: no look.
+    fn needs_precheck(&self, of: &OpenFile) -> Option<bool> {
         let young = of.age.is_some_and(|a| a < PRECHECK_YOUNGER_THAN);
         let reg = registry::get().lock();
-        (young && !reg.held_last(&of.canon, of.key)) || reg.remembers_refusal(&of.canon)
+        if reg.remembers_refusal(&of.canon) {
+            Some(true)
+        } else {
+            (young && !reg.held_last(&of.canon, of.key)).then_some(false)
+        }
     }
     fn replaced_too_often(&self, rounds: u32) -> Result<()> {
         if rounds >= MAX_REPLACED_ROUNDS {
