@@ -13,11 +13,12 @@ Node and Bun, so all of them contend correctly with each other.
 from __future__ import annotations
 
 import asyncio
+import collections
 import inspect as _inspect
 import os
 import sys
 import time
-from typing import Any, Callable, Coroutine, Dict, Generator, Optional, Union
+from typing import Any, Callable, Coroutine, Deque, Dict, Generator, Optional, Tuple, Union
 
 from . import _native
 from ._errors import (
@@ -150,8 +151,8 @@ async def _acquire_async(
     pending = _native.Pending(target, **options)
     loop = asyncio.get_running_loop()
     try:
+        await _turn(loop)
         while True:
-            await _turn(loop)
             lease = pending.try_acquire()
             if lease is not None:
                 return lease
@@ -178,45 +179,119 @@ if sys.version_info >= (3, 12):
 
 # Attempts run on the loop's thread. Hundreds of waits woken together (their
 # holders let go at once) would otherwise all make theirs in one iteration
-# of the loop and stall every other task for as long; each iteration gets a
-# slice of attempt time, and the waits past it go on in the next iteration.
+# of the loop and stall every other task for as long. Each iteration lets
+# about _SLICE of attempts go (as many as the iterations before took per
+# attempt); the rest queue, and are let go in order in the iterations
+# after. A woken wait queues before its task is stepped, and its descriptor
+# leaves the selector: waits that spun on asyncio.sleep(0) instead each
+# stepped in every iteration, their descriptors reported by every select,
+# which made 256 waits released together wake 36 ms late on median (18 ms
+# queued, same machine and run of bench/bench.py's harness; issue 38).
 _SLICE = 0.001
-_slices: Dict[int, float] = {}
+
+
+class _Slice:
+    __slots__ = ("used", "queue", "planned", "cost", "since")
+
+    def __init__(self) -> None:
+        # Attempts let go since the slice began.
+        self.used = 0
+        self.queue: Deque[Tuple["asyncio.Future[Any]", Any]] = collections.deque()
+        self.planned = False
+        # Seconds per attempt (with its task's step), as measured.
+        self.cost = 50e-6
+        self.since = time.monotonic()
+
+    def room(self) -> bool:
+        return not self.queue and self.used * self.cost < _SLICE
+
+
+_slices: Dict[int, _Slice] = {}
+
+
+def _slice(loop: asyncio.AbstractEventLoop) -> _Slice:
+    s = _slices.get(id(loop))
+    if s is None:
+        s = _slices[id(loop)] = _Slice()
+    return s
 
 
 async def _turn(loop: asyncio.AbstractEventLoop) -> None:
-    key = id(loop)
-    while True:
-        now = time.monotonic()
-        start = _slices.get(key)
-        if start is None:
-            _slices[key] = now
-            # Runs at the start of the next iteration, before the waits
-            # deferred to it.
-            loop.call_soon(_slices.pop, key, None)
-            return
-        if now - start < _SLICE:
-            return
-        await asyncio.sleep(0)
+    """Before an attempt: go now if the slice has room, else in order."""
+    s = _slice(loop)
+    if s.room():
+        s.used += 1
+        _plan(loop, s)
+        return
+    fut: asyncio.Future[None] = loop.create_future()
+    s.queue.append((fut, None))
+    _plan(loop, s)
+    # A cancelled wait's future is cancelled with it, and skipped.
+    await fut
+
+
+def _admit(loop: asyncio.AbstractEventLoop, fut: "asyncio.Future[Any]", value: Any) -> None:
+    """A wait woken: its task is stepped now if the slice has room, else in
+    order (its attempt follows without another turn)."""
+    s = _slice(loop)
+    if s.room():
+        s.used += 1
+        fut.set_result(value)
+    else:
+        s.queue.append((fut, value))
+    _plan(loop, s)
+
+
+def _plan(loop: asyncio.AbstractEventLoop, s: _Slice) -> None:
+    """The slice ends at the start of the next iteration."""
+    if not s.planned:
+        s.planned = True
+        loop.call_soon(_next_slice, loop, s)
+
+
+def _next_slice(loop: asyncio.AbstractEventLoop, s: _Slice) -> None:
+    # The steps of the attempts let go last time ran just before this (they
+    # were scheduled first): what the iteration took is what they cost.
+    now = time.monotonic()
+    if s.used:
+        s.cost = max(1e-6, (s.cost + (now - s.since) / s.used) / 2)
+    s.planned, s.used, s.since = False, 0, now
+    while s.queue and s.used * s.cost < _SLICE:
+        fut, value = s.queue.popleft()
+        if not fut.done():
+            fut.set_result(value)
+            s.used += 1
+    if s.used or s.queue:
+        _plan(loop, s)
+    elif _slices.get(id(loop)) is s:
+        del _slices[id(loop)]
 
 
 async def _wait_readable(loop: asyncio.AbstractEventLoop, fd: Optional[int], delay: float) -> bool:
-    """Wait until ``fd`` is readable (True) or ``delay`` seconds pass (False)."""
+    """Wait until ``fd`` is readable (True) or ``delay`` seconds pass (False);
+    either way it is then this wait's turn to attempt."""
     if fd is None:
         await asyncio.sleep(delay)
+        await _turn(loop)
         return False
     fut: asyncio.Future[bool] = loop.create_future()
+    fired = False
 
     def ready(value: bool) -> None:
-        if not fut.done():
-            fut.set_result(value)
+        nonlocal fired
+        # Not after the wait was cancelled (its future with it).
+        if not fired and not fut.done():
+            fired = True
+            # The descriptor stays readable until the wait's turn: a queued
+            # wait must not be reported by every iteration's select (256 of
+            # them made 24,000 calls of this in 171 iterations).
+            loop.remove_reader(fd)
+            _admit(loop, fut, value)
 
     loop.add_reader(fd, ready, True)
     timer = loop.call_later(delay, ready, False)
     try:
-        woken = await fut
-        await _turn(loop)  # the slice counts what waking costs too
-        return woken
+        return await fut
     finally:
         timer.cancel()
         loop.remove_reader(fd)
