@@ -371,6 +371,53 @@ pub fn format_rfc3339(t: SystemTime) -> String {
     )
 }
 
+/// Milliseconds since the epoch of a timestamp as [`format_rfc3339`]
+/// writes it (`2026-11-30T09:00:00.123Z`); `None` for any other text.
+pub fn parse_rfc3339_millis(s: &str) -> Option<u64> {
+    let b = s.as_bytes();
+    let shape = b.len() == 24
+        && [
+            (4, b'-'),
+            (7, b'-'),
+            (10, b'T'),
+            (13, b':'),
+            (16, b':'),
+            (19, b'.'),
+            (23, b'Z'),
+        ]
+        .iter()
+        .all(|&(i, c)| b[i] == c);
+    if !shape {
+        return None;
+    }
+    let num = |from: usize, to: usize| -> Option<u64> {
+        let digits = &b[from..to];
+        digits.iter().all(u8::is_ascii_digit).then(|| {
+            digits
+                .iter()
+                .fold(0u64, |n, d| n * 10 + u64::from(d - b'0'))
+        })
+    };
+    let (y, m, d) = (num(0, 4)?, num(5, 7)?, num(8, 10)?);
+    let (h, mi, sec, ms) = (num(11, 13)?, num(14, 16)?, num(17, 19)?, num(20, 23)?);
+    if !(1..=12).contains(&m) || !(1..=31).contains(&d) || h > 23 || mi > 59 || sec > 60 {
+        return None;
+    }
+    let days = days_from_civil(y as i64, m as i64, d as i64);
+    let days = u64::try_from(days).ok()?;
+    Some(days * 86_400_000 + h * 3_600_000 + mi * 60_000 + sec * 1000 + ms)
+}
+
+/// The inverse of [`civil_from_days`] (Howard Hinnant's algorithm).
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = y - i64::from(m <= 2);
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
 /// Days since 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's
 /// algorithm), so no date crate is needed for one timestamp format.
 fn civil_from_days(z: i64) -> (i64, u32, u32) {
@@ -390,6 +437,23 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn timestamps_parse_back_to_their_millisecond() {
+        for ms in [0u64, 951_782_400_123, 1_796_000_000_999, 4_102_444_800_000] {
+            let t = UNIX_EPOCH + Duration::from_millis(ms);
+            assert_eq!(parse_rfc3339_millis(&format_rfc3339(t)), Some(ms));
+        }
+        for bad in [
+            "",
+            "2026-11-30T09:00:00Z",
+            "2026-13-30T09:00:00.123Z",
+            "2026-11-30T09:00:00.12xZ",
+            "+026-11-30T09:00:00.123Z",
+        ] {
+            assert_eq!(parse_rfc3339_millis(bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn timestamps_are_rfc3339_millis() {

@@ -279,6 +279,16 @@ impl FilePending {
                 .split_guard
                 .then(|| self.needs_precheck(of))
                 .flatten();
+            if look.is_some() {
+                // What an earlier round's look found stands for no later
+                // lock: without a look now, the claim scans after the lock.
+                if let Some(of) = self.open.as_mut() {
+                    of.prechecked = None;
+                }
+            }
+            let Some(of) = self.open.as_ref() else {
+                continue;
+            };
             // The cheap questions first: a file held by another is not
             // looked at, and its record is read only once it is free.
             if look.is_some_and(|strict| {

@@ -5,7 +5,7 @@
 
 use std::os::fd::BorrowedFd;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::error::{Error, Result};
 use crate::platform::filestat::stat_with_age;
@@ -57,13 +57,37 @@ pub(crate) fn vouches_now(fd: BorrowedFd<'_>, key: Key, lease_path: &Path) -> bo
         return false;
     };
     let untouched = st.untouched && st.st_nlink > 0;
-    match process::read_at_most(fd, st.st_size as usize, record::RECORD_MAX_BYTES) {
-        Ok(bytes) if bytes.len() <= record::RECORD_MAX_BYTES => {
-            vouched_for(&Content::parse(&bytes), key, lease_path, untouched)
-        }
+    let bytes = match process::read_at_most(fd, st.st_size as usize, record::RECORD_MAX_BYTES) {
+        Ok(bytes) if bytes.len() <= record::RECORD_MAX_BYTES => bytes,
+        _ => return false,
+    };
+    let content = Content::parse(&bytes);
+    let Content::Record(r) = &content else {
+        return false;
+    };
+    // A record copied into a file made later (a backup restored, on an
+    // inode number the filesystem gave out again) names this inode too:
+    // only one written after the file was born vouches for it before the
+    // lock, where the look it spares would have seen a former file.
+    let born = st
+        .age
+        .and_then(|a| SystemTime::now().checked_sub(a))
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok());
+    let written = r
+        .started_at
+        .as_deref()
+        .and_then(record::parse_rfc3339_millis);
+    let after_birth = match (written, born) {
+        (Some(w), Some(b)) => u128::from(w) + BIRTH_SLACK_MS >= b.as_millis(),
         _ => false,
-    }
+    };
+    after_birth && vouched_for(&content, key, lease_path, untouched)
 }
+
+/// File times come from the kernel's coarse clock (up to a tick behind)
+/// and records are written to the millisecond: a record written just after
+/// its file was made may read as up to this much older than the file.
+const BIRTH_SLACK_MS: u128 = 10;
 
 /// Is this lease file young enough that a holder of a former one may not
 /// have put it back yet? How much longer to wait if so. Without a birth time
