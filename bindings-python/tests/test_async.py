@@ -281,3 +281,27 @@ def test_waits_woken_together_take_turns_across_iterations_and_a_given_up_one_co
     # well over a millisecond on any machine.
     assert len(got["per_iteration"]) >= 2 and got["per_iteration"][-1] < 150, got
     assert got["free"] == 200, got
+
+
+def test_a_loop_closed_with_its_slice_planned_is_freed_with_it(db: str) -> None:
+    # A loop closed before the end of its attempt slice ran (planned, with
+    # its budget spent) must hold nothing a later loop could meet: no entry
+    # outlives it, and the next loop's waits go at once.
+    import gc
+    import weakref
+
+    loop = asyncio.new_event_loop()
+    s = sidelease._slice(loop)  # type: ignore[attr-defined]
+    s.planned, s.used = True, 10**6
+    closed = weakref.ref(loop)
+    loop.close()
+    del loop, s
+    gc.collect()
+    assert closed() is None, "the closed loop was kept alive"
+    assert len(sidelease._slices) == 0  # type: ignore[attr-defined]
+
+    async def main() -> None:
+        lease = await sidelease.acquire_async(db, timeout=STEP)
+        lease.release()
+
+    run(main())

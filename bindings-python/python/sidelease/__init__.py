@@ -18,6 +18,7 @@ import inspect as _inspect
 import os
 import sys
 import time
+import weakref
 from typing import Any, Callable, Coroutine, Deque, Dict, Generator, Optional, Tuple, Union
 
 from . import _native
@@ -196,7 +197,9 @@ class _Slice:
     def __init__(self) -> None:
         # Attempts let go since the slice began.
         self.used = 0
-        self.queue: Deque[Tuple["asyncio.Future[Any]", Any]] = collections.deque()
+        # Weakly, like the loop: a loop closed with waits still queued (its
+        # slice's end planned, never run) is freed with its slice.
+        self.queue: Deque[Tuple["weakref.ReferenceType[asyncio.Future[Any]]", Any]] = collections.deque()
         self.planned = False
         # Seconds per attempt (with its task's step), as measured.
         self.cost = 50e-6
@@ -206,13 +209,13 @@ class _Slice:
         return not self.queue and self.used * self.cost < _SLICE
 
 
-_slices: Dict[int, _Slice] = {}
+_slices: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Slice]" = weakref.WeakKeyDictionary()
 
 
 def _slice(loop: asyncio.AbstractEventLoop) -> _Slice:
-    s = _slices.get(id(loop))
+    s = _slices.get(loop)
     if s is None:
-        s = _slices[id(loop)] = _Slice()
+        s = _slices[loop] = _Slice()
     return s
 
 
@@ -224,7 +227,7 @@ async def _turn(loop: asyncio.AbstractEventLoop) -> None:
         _plan(loop, s)
         return
     fut: asyncio.Future[None] = loop.create_future()
-    s.queue.append((fut, None))
+    s.queue.append((weakref.ref(fut), None))
     _plan(loop, s)
     # A cancelled wait's future is cancelled with it, and skipped.
     await fut
@@ -238,7 +241,7 @@ def _admit(loop: asyncio.AbstractEventLoop, fut: "asyncio.Future[Any]", value: A
         s.used += 1
         fut.set_result(value)
     else:
-        s.queue.append((fut, value))
+        s.queue.append((weakref.ref(fut), value))
     _plan(loop, s)
 
 
@@ -257,14 +260,15 @@ def _next_slice(loop: asyncio.AbstractEventLoop, s: _Slice) -> None:
         s.cost = max(1e-6, (s.cost + (now - s.since) / s.used) / 2)
     s.planned, s.used, s.since = False, 0, now
     while s.queue and s.used * s.cost < _SLICE:
-        fut, value = s.queue.popleft()
-        if not fut.done():
+        ref, value = s.queue.popleft()
+        fut = ref()
+        if fut is not None and not fut.done():
             fut.set_result(value)
             s.used += 1
     if s.used or s.queue:
         _plan(loop, s)
-    elif _slices.get(id(loop)) is s:
-        del _slices[id(loop)]
+    elif _slices.get(loop) is s:
+        del _slices[loop]
 
 
 async def _wait_readable(loop: asyncio.AbstractEventLoop, fd: Optional[int], delay: float) -> bool:
