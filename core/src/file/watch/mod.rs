@@ -308,7 +308,10 @@ impl Watcher {
         // A lease's state is locked before the watcher's wherever both are
         // (a caller re-anchoring in `ensure_held`), so the leases are looked
         // at with the watcher's lock let go.
-        let any_held = self.any_held();
+        let any_held = self
+            .held()
+            .iter()
+            .any(|s| matches!(s.state().phase, Phase::Held));
         let mut st = self.state();
         let busy = st
             .entries
@@ -460,22 +463,6 @@ impl Watcher {
                 }
             }
         });
-    }
-
-    /// Whether a lease the thread knows of is held. Asked on every wake-up
-    /// (each acquisition wakes the thread): the first few leases answer it
-    /// as a rule, so a process holding 10,000 leases no longer collects
-    /// and sorts them all each time (issue 38's scale rows).
-    fn any_held(&self) -> bool {
-        let first: Vec<Arc<Shared>> = self
-            .state()
-            .entries
-            .values()
-            .filter_map(|e| e.lease.as_ref().and_then(Weak::upgrade))
-            .take(4)
-            .collect();
-        let held = |s: &Arc<Shared>| matches!(s.state().phase, Phase::Held);
-        first.iter().any(held) || self.held().iter().any(held)
     }
 
     /// Every lease this process holds that the thread knows of.
