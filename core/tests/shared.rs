@@ -616,6 +616,85 @@ fn a_slow_statement_for_one_lease_costs_the_others_on_the_session_nothing() {
     others.release();
 }
 
+/// The same with a trigger that ignores the server's request to end it
+/// (it catches `query_canceled` and sleeps on): the shared session stays
+/// held up for about 4 s, past the slow acquisition's wait for it and
+/// through heartbeats queued behind it, longer than the others' 1 s bound.
+/// A witness on a connection of its own confirms them meanwhile: the
+/// session's backend still holds their locks. Without it both were lost
+/// 1 s after their last confirmation.
+#[test]
+fn a_statement_that_ignores_the_cancel_costs_the_others_nothing() {
+    let _alone = alone();
+    let base = env("SIDELEASE_TEST_PG");
+    let others = Kept::acquire(&base);
+    let slow = unique("stubborn");
+    let f = unique("stubborn_row").replace('-', "_");
+    psql(&format!(
+        "CREATE FUNCTION {f}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+           BEGIN PERFORM pg_sleep(0.5); EXCEPTION WHEN query_canceled THEN \
+             PERFORM pg_sleep(3.5); END; \
+           RETURN NEW; END $$; \
+         CREATE TRIGGER {f} BEFORE INSERT OR UPDATE ON sidelease_leases FOR EACH ROW \
+           WHEN (NEW.name = '{slow}') EXECUTE FUNCTION {f}()"
+    ));
+    let _cleanup = OnServer(format!(
+        "DROP TRIGGER IF EXISTS {f} ON sidelease_leases; DROP FUNCTION IF EXISTS {f}()"
+    ));
+    // Watched from here all along: each of the others is confirmed
+    // within its bound while the session is held up.
+    let watching = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let checks = {
+        let leases: Vec<Lease> = others
+            .leases
+            .iter()
+            .map(|l| l.try_clone().unwrap())
+            .collect();
+        let watching = watching.clone();
+        std::thread::spawn(move || {
+            let mut n = 0;
+            while watching.load(Ordering::SeqCst) {
+                for l in &leases {
+                    l.ensure_held()
+                        .unwrap_or_else(|e| panic!("check {n}: a lease beside the stall: {e}"));
+                }
+                n += 1;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            n
+        })
+    };
+    let t = Instant::now();
+    // Waiting: the try's lock stays with the shared session until the
+    // statement that took it ends there, and is then given back.
+    let got = Lease::acquire(
+        shared_url(&base, &slow),
+        &Options::new().wait(sidelease::Wait::Timeout(Duration::from_secs(10))),
+    );
+    let took = t.elapsed();
+    let got = got.unwrap_or_else(|e| panic!("the stubborn lease after {took:?}: {e}"));
+    assert!(took < Duration::from_secs(8), "{took:?}");
+    // The shared session is answering again (the trigger ended there).
+    eventually(
+        "the shared session answering",
+        Duration::from_secs(6),
+        || others.leases[0].ensure_held_now().is_ok(),
+    );
+    watching.store(false, Ordering::SeqCst);
+    let n = checks.join().expect("every check beside the stall passed");
+    assert!(n >= 40, "{n} checks");
+    others.still_held();
+    got.release().unwrap();
+    others.release();
+    // The stubborn lease's own session is kept a moment for reuse; the
+    // next test counts this process's sessions.
+    eventually(
+        "no session of this process left",
+        Duration::from_secs(10),
+        || my_sessions() == 0,
+    );
+}
+
 /// The same with a commit that never returns: the role commits
 /// synchronously and its synchronous standby is gone. Each statement of
 /// the shared session that writes (an acquisition's row, a release) is

@@ -39,8 +39,8 @@ pub(crate) fn unanswered(wait: crate::options::Wait, patience: Duration) -> Stri
     }
 }
 
-// "0.3s", or milliseconds under a tenth of a second (never "0.0s").
-fn seconds(d: Duration) -> String {
+/// "0.3s", or milliseconds under a tenth of a second (never "0.0s").
+pub(crate) fn seconds(d: Duration) -> String {
     if d < Duration::from_millis(100) {
         format!("{}ms", d.as_millis())
     } else {
@@ -693,9 +693,9 @@ pub(crate) async fn release_within(c: &Client, t: &Target, generation: i64) -> R
             t,
             "release",
             format!(
-                "no answer from the server within {}s; the server ends the session, and frees \
+                "no answer from the server within {}; the server ends the session, and frees \
                  the lock, when it notices",
-                limit.as_secs()
+                seconds(limit)
             ),
         )),
     }

@@ -12,11 +12,15 @@
 //! next acquisition in its place; a fork child forgets the list
 //! (`local.rs`), since those threads are not in it.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
-use super::conn::{in_order, release_within, Conn};
+use super::conn::{
+    cancel_request, in_order, io_error, release_row, seconds, Conn, CONNECT_TIMEOUT,
+    ROW_LOCK_TIMEOUT,
+};
 use super::local;
 use super::session::{Run, HEARTBEAT_DEADLINE};
 use super::target::Target;
@@ -54,15 +58,15 @@ pub(super) fn hand(run: Box<Run>) -> Option<Box<Run>> {
 /// has the answer, finds it.
 pub(super) async fn release(
     conn: &Conn,
-    t: &Target,
+    t: &Arc<Target>,
     generation: i64,
     keep: bool,
 ) -> (Result<()>, Option<Kept>) {
     if !keep {
-        return (release_within(&conn.client, t, generation).await, None);
+        return (release_ending(conn, t, generation).await, None);
     }
     let all = tokio::time::timeout(HEARTBEAT_DEADLINE, conn.client.query_one(UNLOCK_ALL, &[]));
-    let (r, all) = in_order(release_within(&conn.client, t, generation), all).await;
+    let (r, all) = in_order(release_ending(conn, t, generation), all).await;
     if r.is_err() || !matches!(all, Ok(Ok(_))) || conn.task.is_finished() {
         return (r, None);
     }
@@ -126,3 +130,33 @@ pub(super) async fn rest(conn: Conn, kept: Option<Kept>) -> Next {
 
 /// `UnboundedSender<Box<Run>>` as the list in `local.rs` keeps it.
 pub(super) type Offer = UnboundedSender<Box<Run>>;
+
+/// A held lease's release on its own session, bounded: a row lock held by
+/// a fencing transaction may delay it up to the session's lock timeout;
+/// past that (a commit waiting for a synchronous standby that is gone) the
+/// server is asked to end the write, which it then commits locally (with
+/// a warning), all a release needs; a dead network does not hang it (the
+/// server then ends the session, and the lock, itself).
+async fn release_ending(conn: &Conn, t: &Arc<Target>, generation: i64) -> Result<()> {
+    let limit =
+        Duration::from_millis(ROW_LOCK_TIMEOUT.parse::<u64>().unwrap_or(5000)) + HEARTBEAT_DEADLINE;
+    let write = release_row(&conn.client, t, generation);
+    tokio::pin!(write);
+    if let Ok(r) = tokio::time::timeout(limit, &mut write).await {
+        return r;
+    }
+    let cancel = tokio::spawn(cancel_request(t, conn));
+    let _ = tokio::time::timeout(CONNECT_TIMEOUT, cancel).await;
+    match tokio::time::timeout(HEARTBEAT_DEADLINE, &mut write).await {
+        Ok(r) => r,
+        Err(_) => Err(io_error(
+            t,
+            "release",
+            format!(
+                "no answer from the server within {}; the server ends the session, and frees \
+                 the lock, when it notices",
+                seconds(limit + HEARTBEAT_DEADLINE)
+            ),
+        )),
+    }
+}

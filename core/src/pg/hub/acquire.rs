@@ -157,15 +157,13 @@ impl Hub {
     /// spelling of the server) or the session did not answer in time.
     pub(super) async fn in_use(&self, t: &Target, started: Instant) -> Option<Error> {
         let ask = lock_holder(&self.conn.client, t);
-        let holder = tokio::time::timeout(HEARTBEAT_DEADLINE, ask)
-            .await
-            .ok()?
-            .ok()?;
+        let holder = self.witnessed(HEARTBEAT_DEADLINE, ask).await.ok()?.ok()?;
         let server = self.conn.server.as_deref();
         if holder.is_some_and(|h| local::holds_backend(&t.name, (server, h.backend_pid as i32))) {
             return None;
         }
-        let c = tokio::time::timeout(HEARTBEAT_DEADLINE, contention(&self.conn, t, started))
+        let c = self
+            .witnessed(HEARTBEAT_DEADLINE, contention(&self.conn, t, started))
             .await
             .ok()?;
         Some(Error::InUse(Box::new(c)))

@@ -14,6 +14,7 @@
 
 mod acquire;
 mod release;
+mod witness;
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -27,8 +28,8 @@ use tokio_postgres::types::Type;
 use super::attempt::Slot;
 use super::confirm::{ended, silent, Confirmed, ENDED_GRACE};
 use super::conn::{
-    cancel_request, describe, heartbeat, io_error, open, probe, unlock, upsert_sql, Conn,
-    CONNECT_TIMEOUT, FOREIGN_LOCKS, POOLER_CHECK, UPDATE_RELEASED,
+    describe, heartbeat, io_error, open, probe, unlock, upsert_sql, Conn, CONNECT_TIMEOUT,
+    FOREIGN_LOCKS, POOLER_CHECK, UPDATE_RELEASED,
 };
 use super::link::Cmd;
 use super::local;
@@ -200,6 +201,12 @@ struct Member {
 struct Hub {
     conn: Conn,
     pid: i32,
+    /// When the session's backend started, as the server writes it: with
+    /// `pid`, what the witness knows it by (`None`: no witness, as through
+    /// a pooler).
+    born: Option<String>,
+    /// The target the session was opened for: the witness connects as it.
+    first: Arc<Target>,
     server: String,
     tx: UnboundedSender<Cmd>,
     members: HashMap<i64, Member>,
@@ -282,8 +289,8 @@ async fn run(first: Arc<Target>, tx: UnboundedSender<Cmd>, mut rx: UnboundedRece
             return drain(&server, &tx, rx);
         }
     };
-    let pid = match shareable(&first, &conn).await {
-        Some(pid) => pid,
+    let (pid, born) = match shareable(&first, &conn).await {
+        Some(it) => it,
         None => {
             conn.close().await;
             local::refuse_hub(&server, &tx, REFUSED_FOR);
@@ -295,6 +302,8 @@ async fn run(first: Arc<Target>, tx: UnboundedSender<Cmd>, mut rx: UnboundedRece
     let mut hub = Hub {
         conn,
         pid,
+        born,
+        first: first.clone(),
         server,
         tx,
         members: HashMap::new(),
@@ -347,8 +356,9 @@ fn app_name() -> String {
 
 /// The checks an acquisition's own connection makes, once for the shared
 /// session: its own server session (no transaction pooler), a primary,
-/// no advisory lock it did not take. Its backend PID if it may be shared.
-async fn shareable(t: &Target, conn: &Conn) -> Option<i32> {
+/// no advisory lock it did not take. Its backend PID (and when that
+/// backend started) if it may be shared.
+async fn shareable(t: &Target, conn: &Conn) -> Option<(i32, Option<String>)> {
     let (lport, laddr, rport, raddr) = conn.ends_params();
     let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 6] = [
         (&ROW_LOCK_MS, Type::TEXT),
@@ -364,7 +374,8 @@ async fn shareable(t: &Target, conn: &Conn) -> Option<i32> {
              (inet_client_port() IS NOT DISTINCT FROM $3 AND \
               inet_client_addr() IS NOT DISTINCT FROM NULLIF($4, '')::inet AND \
               inet_server_port() IS NOT DISTINCT FROM $5 AND \
-              inet_server_addr() IS NOT DISTINCT FROM NULLIF($6, '')::inet)"
+              inet_server_addr() IS NOT DISTINCT FROM NULLIF($6, '')::inet), \
+             (SELECT backend_start::text FROM pg_stat_activity WHERE pid = pg_backend_pid())"
     );
     let rows = tokio::time::timeout(CONNECT_TIMEOUT, conn.client.query_typed(&sql, &params))
         .await
@@ -372,15 +383,17 @@ async fn shareable(t: &Target, conn: &Conn) -> Option<i32> {
         .ok()?;
     let row = rows.first()?;
     let (pid, fine, direct): (i32, bool, bool) = (row.get(0), row.get(1), row.get(2));
+    let born: Option<String> = row.try_get(3).ok().flatten();
     if !fine {
         return None;
     }
     if !direct {
         // Something sits between: a session pool is fine, a transaction
-        // pooler is not.
+        // pooler is not; the witness is not (see `witness`).
         probe(t, conn, pid).await.ok()?;
+        return Some((pid, None));
     }
-    Some(pid)
+    Some((pid, born))
 }
 
 /// Answer what is left in a closed session's channel: acquisitions go on
@@ -431,8 +444,18 @@ impl Hub {
                 (true, until) => until,
             };
             let close_at = idle_until.unwrap_or_else(tokio::time::Instant::now);
+            // In this order: a session that ended says so first, and a
+            // heartbeat due goes before the commands queued (a flood of
+            // tries must not starve the others' confirmations; a slow one
+            // leaves the commands `COMMANDS_FIRST`, see `beat`).
             tokio::select! {
-                _ = tokio::time::sleep_until(close_at), if idle => return None,
+                biased;
+                end = &mut self.conn.task => return Some(ended(end)),
+                _ = tokio::time::sleep_until(self.next), if !idle => {
+                    if let Err(why) = self.beat().await {
+                        return Some(why);
+                    }
+                }
                 cmd = rx.recv() => match cmd {
                     Some(Cmd::Try(req)) => {
                         self.try_one(*req).await;
@@ -469,54 +492,9 @@ impl Hub {
                     Some(Cmd::Cancel | Cmd::Share) => {}
                     None => return None,
                 },
-                end = &mut self.conn.task => return Some(ended(end)),
-                _ = tokio::time::sleep_until(self.next), if !idle => {
-                    if let Err(why) = self.beat().await {
-                        return Some(why);
-                    }
-                }
+                _ = tokio::time::sleep_until(close_at), if idle => return None,
             }
         }
-    }
-
-    /// Wait for one lease's statements on this session, which every other
-    /// lease's confirmation waits behind, at most a quarter of the
-    /// tightest bound here (`t`'s included). Past that (a slow trigger, a
-    /// commit waiting for a synchronous standby that is gone) the server
-    /// is asked to end them, the request delivered before anything else
-    /// is sent, and the answer waited for up to `HEARTBEAT_DEADLINE` more.
-    pub(super) async fn bounded<F: std::future::Future>(
-        &self,
-        t: &Arc<Target>,
-        answer: F,
-    ) -> std::result::Result<F::Output, tokio::time::error::Elapsed> {
-        let share = self
-            .members
-            .values()
-            .map(|m| m.confirmed.bound())
-            .chain([t.confirm_within])
-            .min()
-            .unwrap_or(t.confirm_within)
-            / 4;
-        let share = share.min(HEARTBEAT_DEADLINE);
-        tokio::pin!(answer);
-        if let Ok(r) = tokio::time::timeout(share, &mut answer).await {
-            return Ok(r);
-        }
-        // Spawned, so that a request slower than the share still goes.
-        let _ = tokio::time::timeout(share, tokio::spawn(cancel_request(t, &self.conn))).await;
-        let answered = tokio::time::timeout(HEARTBEAT_DEADLINE, &mut answer).await;
-        // Had they ended by themselves as the request came, it could end
-        // the next statement: one of no consequence takes it when it lands
-        // soon enough (the driver does not wait for the server to act on
-        // it), and the statements after treat a cancel they meet as a
-        // statement to ask again (a heartbeat unanswered, a release's row
-        // written on a side connection, a given-back row next time).
-        if answered.is_ok() {
-            let absorb = self.conn.client.simple_query("SELECT 1");
-            let _ = tokio::time::timeout(HEARTBEAT_DEADLINE, absorb).await;
-        }
-        answered
     }
 
     /// How often to ask: four times within the tightest bound of the
@@ -534,24 +512,27 @@ impl Hub {
     /// passed is lost alone (and its lock given back); `Err` loses them all.
     async fn beat(&mut self) -> std::result::Result<bool, String> {
         self.expire();
-        // Until the tightest bound has passed on the millisecond clock the
-        // ages are read on (2 ms past it, for its rounding), so a question
-        // left unanswered finds that lease expired, never "not yet".
-        let left = self
-            .members
-            .values()
-            .map(|m| m.confirmed.bound().saturating_sub(m.confirmed.age()))
-            .min()
-            .unwrap_or(HEARTBEAT_DEADLINE)
-            + Duration::from_millis(2);
         let sent = Confirmed::clock();
         self.next = tokio::time::Instant::now() + self.interval();
-        let answer =
-            tokio::time::timeout(left, heartbeat(&self.conn.client, &self.conn.session)).await;
+        // Until the tightest bound has passed (the witness confirming the
+        // others from its share on, should a statement hold this one up),
+        // so a question left unanswered finds that lease expired.
+        let answer = {
+            let asked = heartbeat(&self.conn.client, &self.conn.session);
+            tokio::pin!(asked);
+            match tokio::time::timeout(self.share(None), &mut asked).await {
+                Ok(a) => Ok(a),
+                Err(_) => tokio::select! {
+                    biased;
+                    a = &mut asked => Ok(a),
+                    () = self.witness(true) => Err(()),
+                },
+            }
+        };
         // A heartbeat slower than the interval leaves the next one due at
-        // once; `select!` picks at random among ready branches, so a queued
-        // release could wait behind beat after beat (2 s each on a cut
-        // network: a release took 9 s). Commands queued meanwhile go first.
+        // once, and `serve` asks a due heartbeat first, so a queued release
+        // could wait behind beat after beat (2 s each on a cut network: a
+        // release took 9 s). Commands queued meanwhile go first.
         self.next = self.next.max(tokio::time::Instant::now() + COMMANDS_FIRST);
         match answer {
             Ok(Ok((now, true))) if now == self.pid => {
@@ -619,7 +600,7 @@ impl Hub {
                      AND released_at IS NULL AND holder->>'nonce' = $2",
                     &params,
                 );
-                match tokio::time::timeout(HEARTBEAT_DEADLINE, fix).await {
+                match self.witnessed(HEARTBEAT_DEADLINE, fix).await {
                     // Written, or not writable from here (no table, no
                     // privilege): no row of this try to record either way.
                     Ok(Ok(_)) => {}
@@ -648,7 +629,8 @@ impl Hub {
     /// session did not answer in time or refused.
     async fn unlock_key(&mut self, key: i64) -> bool {
         let ok = matches!(
-            tokio::time::timeout(HEARTBEAT_DEADLINE, unlock(&self.conn.client, key)).await,
+            self.witnessed(HEARTBEAT_DEADLINE, unlock(&self.conn.client, key))
+                .await,
             Ok(Ok(()))
         );
         if !ok {
@@ -743,7 +725,7 @@ impl Hub {
                 )
             };
             if let Ok(Ok((lock, upsert, release, unlock))) =
-                tokio::time::timeout(HEARTBEAT_DEADLINE, all).await
+                self.witnessed(HEARTBEAT_DEADLINE, all).await
             {
                 self.prepared = Some(Prepared {
                     lock,

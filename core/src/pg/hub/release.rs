@@ -12,7 +12,8 @@ use tokio_postgres::types::Type;
 use super::{Hub, UNLOCK_IF_RECORDED};
 use crate::error::Result;
 use crate::pg::conn::{
-    in_order, io_error, open, pg_error, CONNECT_TIMEOUT, ROW_LOCK_TIMEOUT, UPDATE_RELEASED,
+    cancel_request, in_order, io_error, open, pg_error, seconds, CONNECT_TIMEOUT, ROW_LOCK_TIMEOUT,
+    UPDATE_RELEASED,
 };
 use crate::pg::link::Cmd;
 use crate::pg::session::HEARTBEAT_DEADLINE;
@@ -65,6 +66,7 @@ impl Hub {
 
     pub(super) async fn record_and_unlock(&mut self, t: &Arc<Target>, generation: i64) -> Release {
         let c = &self.conn.client;
+        let began = std::time::Instant::now();
         // A lease here came from a try, which prepared the statements.
         let answered = match &self.prepared {
             Some(p) => {
@@ -120,9 +122,11 @@ impl Hub {
                     t,
                     "release",
                     format!(
-                        "no answer from the server within {}s; the server ends the session, \
-                         and frees the lock, when it notices",
-                        HEARTBEAT_DEADLINE.as_secs()
+                        "no answer from the server within {} (the statement was asked to end \
+                         after {}); the server ends the session, and frees the lock, when it \
+                         notices",
+                        seconds(began.elapsed()),
+                        seconds(self.share(Some(t.confirm_within)))
                     ),
                 )))
             }
@@ -138,7 +142,7 @@ pub(super) enum Release {
 
 /// Record a release on a connection of its own, waiting out the fencing
 /// transaction as long as an acquisition's own session would.
-async fn record_alone(t: &Target, generation: i64) -> Result<()> {
+async fn record_alone(t: &Arc<Target>, generation: i64) -> Result<()> {
     let conn = match tokio::time::timeout(CONNECT_TIMEOUT, open(t, None)).await {
         Ok(c) => c?,
         Err(_) => {
@@ -153,7 +157,22 @@ async fn record_alone(t: &Target, generation: i64) -> Result<()> {
         Duration::from_millis(ROW_LOCK_TIMEOUT.parse::<u64>().unwrap_or(5000)) + HEARTBEAT_DEADLINE;
     let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 2] =
         [(&t.name, Type::TEXT), (&generation, Type::INT8)];
-    let r = tokio::time::timeout(limit, conn.client.query_typed(UPDATE_RELEASED, &params)).await;
+    let r = {
+        let write = conn.client.query_typed(UPDATE_RELEASED, &params);
+        tokio::pin!(write);
+        match tokio::time::timeout(limit, &mut write).await {
+            Ok(r) => Ok(r),
+            Err(_) => {
+                // Past a row lock's wait: a commit waiting for a synchronous
+                // standby that is gone. Asked to end, the server commits it
+                // locally (with a warning), which is all a release needs.
+                let cancel = tokio::spawn(cancel_request(t, &conn));
+                let _ = tokio::time::timeout(CONNECT_TIMEOUT, cancel).await;
+                tokio::time::timeout(HEARTBEAT_DEADLINE, &mut write).await
+            }
+        }
+    };
+    let limit = limit + HEARTBEAT_DEADLINE;
     conn.close().await;
     match r {
         Ok(Ok(_)) => Ok(()),
@@ -161,7 +180,7 @@ async fn record_alone(t: &Target, generation: i64) -> Result<()> {
         Err(_) => Err(io_error(
             t,
             "release",
-            format!("no answer from the server within {}s", limit.as_secs()),
+            format!("no answer from the server within {}", seconds(limit)),
         )),
     }
 }
