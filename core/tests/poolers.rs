@@ -187,6 +187,10 @@ fn small_session_pools_give_the_lease_and_bound_the_wait_for_a_connection() {
         "{took:?}: {e}"
     );
     assert!(e.to_string().contains("1.0s"), "the caller's figure: {e}");
+    assert!(
+        e.to_string().contains("no server session free"),
+        "names the full pool: {e}"
+    );
     // Past the 5 s a connection is given before it is asked again, on the
     // shared session's path (which goes on alone) and on a session of its
     // own, each let go in turn.
@@ -223,4 +227,35 @@ fn small_session_pools_give_the_lease_and_bound_the_wait_for_a_connection() {
         l.release().unwrap();
     }
     second.release().unwrap();
+}
+
+/// Through a pool of one, a second connection (the probe that tells a
+/// session pool from a transaction pool) waits for the pool's only server
+/// session, 250 ms, before it is asked another way. A caller who gave
+/// less than that hears within its own timeout, not the probe's: 0.26 s
+/// and more for 0.1 s, before.
+#[test]
+fn the_pooler_probe_keeps_within_the_callers_timeout() {
+    use sidelease::Wait;
+    use std::time::Instant;
+    for session in SESSIONS {
+        let url = via("SIDELEASE_TEST_PGBOUNCER_SESSION1", &name()) + session;
+        let t = Instant::now();
+        let r = Lease::acquire(
+            &url,
+            &Options::new().wait(Wait::Timeout(Duration::from_millis(100))),
+        );
+        let took = t.elapsed();
+        let e = r
+            .err()
+            .unwrap_or_else(|| panic!("{session}: a lease after {took:?}"));
+        assert!(
+            took < Duration::from_millis(230),
+            "{session}: {took:?}: {e}"
+        );
+        assert!(
+            e.to_string().contains("0.1s"),
+            "{session}: the caller's figure: {e}"
+        );
+    }
 }

@@ -33,6 +33,8 @@ mod link;
 #[cfg(feature = "postgres")]
 mod local;
 #[cfg(feature = "postgres")]
+mod pooler;
+#[cfg(feature = "postgres")]
 mod row;
 #[cfg(feature = "postgres")]
 mod session;

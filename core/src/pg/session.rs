@@ -268,14 +268,19 @@ impl Run {
         let patience = self.patience();
         let started = std::sync::atomic::AtomicBool::new(false);
         let mut unanswered = false;
-        let opened = tokio::time::timeout(patience, open_tracked(&self.target, &started))
+        let opened = tokio::time::timeout(patience, open_tracked(&self.target, None, &started))
             .await
             .unwrap_or_else(|_| {
                 unanswered = started.load(std::sync::atomic::Ordering::Relaxed);
+                let why = super::conn::unanswered(self.opts.wait, patience);
                 Err(io_error(
                     &self.target,
                     "connect",
-                    super::conn::unanswered(self.opts.wait, patience),
+                    if unanswered {
+                        super::pooler::unanswered_taken(why)
+                    } else {
+                        why
+                    },
                 ))
             });
         match opened {
@@ -440,7 +445,22 @@ impl Run {
         if !direct && !self.probed {
             // Something sits between: a session pool is fine, a
             // transaction pooler is not; ask, then attempt again.
-            return match probe(t, conn, pid).await {
+            // Within the caller's time, as connecting is.
+            let patience = self.patience();
+            let asked = tokio::time::timeout(patience, probe(t, conn, pid))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(io_error(
+                        t,
+                        "connect",
+                        format!(
+                            "{} (asking whether the pooler between keeps this connection's \
+                             server session)",
+                            super::conn::unanswered(self.opts.wait, patience)
+                        ),
+                    ))
+                });
+            return match asked {
                 Ok(()) => {
                     self.probed = true;
                     Step::Again

@@ -28,7 +28,7 @@ use tokio_postgres::types::Type;
 use super::attempt::Slot;
 use super::confirm::{ended, silent, Confirmed, ENDED_GRACE};
 use super::conn::{
-    describe, heartbeat, io_error, open, probe, unlock, upsert_sql, Conn, CONNECT_TIMEOUT,
+    describe, heartbeat, io_error, open_tracked, probe, unlock, upsert_sql, Conn, CONNECT_TIMEOUT,
     FOREIGN_LOCKS, POOLER_CHECK, UPDATE_RELEASED,
 };
 use super::link::Cmd;
@@ -249,7 +249,8 @@ async fn run(first: Arc<Target>, tx: UnboundedSender<Cmd>, mut rx: UnboundedRece
     let mut queued: Vec<Box<TryReq>> = Vec::new();
     // Taken once: the error below names the time this opening was given.
     let patience = req.patience();
-    let opening = tokio::time::timeout(patience, open(&first, Some(app_name())));
+    let taken = std::sync::atomic::AtomicBool::new(false);
+    let opening = tokio::time::timeout(patience, open_tracked(&first, Some(app_name()), &taken));
     tokio::pin!(opening);
     let opened = loop {
         tokio::select! {
@@ -275,10 +276,14 @@ async fn run(first: Arc<Target>, tx: UnboundedSender<Cmd>, mut rx: UnboundedRece
         // asking again while its wait lasts (a pooler's server session may
         // come free); one that may not reports it.
         Err(_) if !req.waits_on() => {
+            let why = super::conn::unanswered(req.opts.wait, patience);
             req.slot.finish(Err(io_error(
                 &first,
                 "connect",
-                super::conn::unanswered(req.opts.wait, patience),
+                match taken.load(std::sync::atomic::Ordering::Relaxed) {
+                    true => super::pooler::unanswered_taken(why),
+                    false => why,
+                },
             )));
             queued.into_iter().for_each(|q| q.alone());
             return drain(&server, &tx, rx);
@@ -289,9 +294,17 @@ async fn run(first: Arc<Target>, tx: UnboundedSender<Cmd>, mut rx: UnboundedRece
             return drain(&server, &tx, rx);
         }
     };
-    let (pid, born) = match shareable(&first, &conn).await {
-        Some(it) => it,
-        None => {
+    // Within what is left of the first acquisition's time: past it, that
+    // acquisition goes alone (and says so) without refusing the session.
+    let (pid, born) = match tokio::time::timeout(req.patience(), shareable(&first, &conn)).await {
+        Ok(Some(it)) => it,
+        Err(_) => {
+            conn.close().await;
+            req.alone();
+            queued.into_iter().for_each(|q| q.alone());
+            return drain(&server, &tx, rx);
+        }
+        Ok(None) => {
             conn.close().await;
             local::refuse_hub(&server, &tx, REFUSED_FOR);
             req.alone();
