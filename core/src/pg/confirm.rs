@@ -40,6 +40,12 @@ impl Confirmed {
         true
     }
 
+    /// Whether it was confirmed by a statement sent at `sent` or later,
+    /// and is not lost.
+    pub(super) fn since(&self, sent: u64) -> bool {
+        self.at.load(std::sync::atomic::Ordering::Acquire) >= sent && !self.expired()
+    }
+
     /// How long since the last confirmation.
     pub(crate) fn age(&self) -> Duration {
         let at = self.at.load(std::sync::atomic::Ordering::Acquire);

@@ -18,8 +18,7 @@ use std::time::Duration;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
 use super::conn::{
-    cancel_request, in_order, io_error, release_row, seconds, Conn, CONNECT_TIMEOUT,
-    ROW_LOCK_TIMEOUT,
+    cancel_request, in_order, io_error, release_row, seconds, Conn, ROW_LOCK_TIMEOUT,
 };
 use super::local;
 use super::session::{Run, HEARTBEAT_DEADLINE};
@@ -145,8 +144,11 @@ async fn release_ending(conn: &Conn, t: &Arc<Target>, generation: i64) -> Result
     if let Ok(r) = tokio::time::timeout(limit, &mut write).await {
         return r;
     }
-    let cancel = tokio::spawn(cancel_request(t, conn));
-    let _ = tokio::time::timeout(CONNECT_TIMEOUT, cancel).await;
+    // Not waited for: it goes while the answer is waited for. Landing
+    // after the write, it ends the unlock pipelined behind it: the release
+    // then reports an error though recorded, and the session, not kept,
+    // closes, which frees the lock all the same.
+    drop(tokio::spawn(cancel_request(t, conn)));
     match tokio::time::timeout(HEARTBEAT_DEADLINE, &mut write).await {
         Ok(r) => r,
         Err(_) => Err(io_error(

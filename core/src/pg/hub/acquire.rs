@@ -18,7 +18,6 @@ use crate::pg::inspect::{contention, lock_holder};
 use crate::pg::link::Link;
 use crate::pg::local;
 use crate::pg::row::Written;
-use crate::pg::session::HEARTBEAT_DEADLINE;
 use crate::pg::target::Target;
 use crate::record::Record;
 
@@ -157,13 +156,13 @@ impl Hub {
     /// spelling of the server) or the session did not answer in time.
     pub(super) async fn in_use(&self, t: &Target, started: Instant) -> Option<Error> {
         let ask = lock_holder(&self.conn.client, t);
-        let holder = self.witnessed(HEARTBEAT_DEADLINE, ask).await.ok()?.ok()?;
+        let holder = self.bounded(&self.first, ask).await.ok()?.ok()?;
         let server = self.conn.server.as_deref();
         if holder.is_some_and(|h| local::holds_backend(&t.name, (server, h.backend_pid as i32))) {
             return None;
         }
         let c = self
-            .witnessed(HEARTBEAT_DEADLINE, contention(&self.conn, t, started))
+            .bounded(&self.first, contention(&self.conn, t, started))
             .await
             .ok()?;
         Some(Error::InUse(Box::new(c)))

@@ -207,6 +207,8 @@ struct Hub {
     born: Option<String>,
     /// The target the session was opened for: the witness connects as it.
     first: Arc<Target>,
+    /// The witness's connection, opened at the first stall (`witness.rs`).
+    witness: witness::Witness,
     server: String,
     tx: UnboundedSender<Cmd>,
     members: HashMap<i64, Member>,
@@ -317,6 +319,7 @@ async fn run(first: Arc<Target>, tx: UnboundedSender<Cmd>, mut rx: UnboundedRece
         pid,
         born,
         first: first.clone(),
+        witness: Default::default(),
         server,
         tx,
         members: HashMap::new(),
@@ -525,20 +528,31 @@ impl Hub {
     /// passed is lost alone (and its lock given back); `Err` loses them all.
     async fn beat(&mut self) -> std::result::Result<bool, String> {
         self.expire();
+        // Until the tightest bound has passed on the millisecond clock the
+        // ages are read on (2 ms past it, for its rounding), so a question
+        // left unanswered finds that lease expired, never "not yet"; from
+        // its share on, the witness confirms the leases meanwhile (a
+        // statement holding this one up), and the wait still ends there,
+        // so commands queued get their turn.
+        let left = self
+            .members
+            .values()
+            .map(|m| m.confirmed.bound().saturating_sub(m.confirmed.age()))
+            .min()
+            .unwrap_or(HEARTBEAT_DEADLINE)
+            + Duration::from_millis(2);
+        let until = tokio::time::Instant::now() + left;
         let sent = Confirmed::clock();
         self.next = tokio::time::Instant::now() + self.interval();
-        // Until the tightest bound has passed (the witness confirming the
-        // others from its share on, should a statement hold this one up),
-        // so a question left unanswered finds that lease expired.
         let answer = {
             let asked = heartbeat(&self.conn.client, &self.conn.session);
             tokio::pin!(asked);
-            match tokio::time::timeout(self.share(None), &mut asked).await {
-                Ok(a) => Ok(a),
+            match tokio::time::timeout(self.share(None).min(left), &mut asked).await {
+                Ok(a) => Some(a),
                 Err(_) => tokio::select! {
                     biased;
-                    a = &mut asked => Ok(a),
-                    () = self.witness(true) => Err(()),
+                    a = &mut asked => Some(a),
+                    () = self.witness(Some(until)) => None,
                 },
             }
         };
@@ -548,7 +562,7 @@ impl Hub {
         // release took 9 s). Commands queued meanwhile go first.
         self.next = self.next.max(tokio::time::Instant::now() + COMMANDS_FIRST);
         match answer {
-            Ok(Ok((now, true))) if now == self.pid => {
+            Some(Ok((now, true))) if now == self.pid => {
                 for m in self.members.values() {
                     m.confirmed.answered(sent);
                 }
@@ -556,13 +570,13 @@ impl Hub {
                 self.give_back().await;
                 Ok(true)
             }
-            Ok(Ok((now, _))) => Err(format!(
+            Some(Ok((now, _))) => Err(format!(
                 "the heartbeat ran in another server session (pid {}, then {now}): a \
                  transaction- or statement-mode pooler sits between this process and the \
                  server, and the lock stayed with the old session",
                 self.pid
             )),
-            Ok(Err(e)) if e.is_closed() => {
+            Some(Err(e)) if e.is_closed() => {
                 // A lease whose bound passed (this process was frozen) is
                 // lost now, not after the wait for the server's reason.
                 self.expire();
@@ -577,14 +591,18 @@ impl Hub {
             // A cancel request for a statement that ended by itself as
             // it came (see `bounded`) ends this one: not an answer, and
             // not a failure of the session.
-            Ok(Err(e)) if e.code() == Some(&SqlState::QUERY_CANCELED) => {
+            Some(Err(e)) if e.code() == Some(&SqlState::QUERY_CANCELED) => {
                 self.expire();
                 Ok(false)
             }
-            Ok(Err(e)) => Err(format!("the lease's session failed: {}", describe(&e))),
+            Some(Err(e)) => Err(format!("the lease's session failed: {}", describe(&e))),
+            // Unanswered, but each lease here confirmed by the witness
+            // since this question was sent: as good as an answer for
+            // them (though no lock is given back on a held-up session).
+            None if self.witnessed_since(sent) => Ok(true),
             // The tightest bound passed: that lease is lost, the others
             // wait on.
-            Err(_) => {
+            None => {
                 self.expire();
                 Ok(false)
             }
@@ -613,7 +631,7 @@ impl Hub {
                      AND released_at IS NULL AND holder->>'nonce' = $2",
                     &params,
                 );
-                match self.witnessed(HEARTBEAT_DEADLINE, fix).await {
+                match self.bounded(&self.first, fix).await {
                     // Written, or not writable from here (no table, no
                     // privilege): no row of this try to record either way.
                     Ok(Ok(_)) => {}
@@ -642,7 +660,7 @@ impl Hub {
     /// session did not answer in time or refused.
     async fn unlock_key(&mut self, key: i64) -> bool {
         let ok = matches!(
-            self.witnessed(HEARTBEAT_DEADLINE, unlock(&self.conn.client, key))
+            self.bounded(&self.first, unlock(&self.conn.client, key))
                 .await,
             Ok(Ok(()))
         );
@@ -737,9 +755,7 @@ impl Hub {
                     c.prepare_typed(UNLOCK_IF_RECORDED, &[Type::INT8, Type::TEXT, Type::INT8]),
                 )
             };
-            if let Ok(Ok((lock, upsert, release, unlock))) =
-                self.witnessed(HEARTBEAT_DEADLINE, all).await
-            {
+            if let Ok(Ok((lock, upsert, release, unlock))) = self.bounded(&self.first, all).await {
                 self.prepared = Some(Prepared {
                     lock,
                     upsert,

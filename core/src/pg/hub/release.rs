@@ -166,8 +166,8 @@ async fn record_alone(t: &Arc<Target>, generation: i64) -> Result<()> {
                 // Past a row lock's wait: a commit waiting for a synchronous
                 // standby that is gone. Asked to end, the server commits it
                 // locally (with a warning), which is all a release needs.
-                let cancel = tokio::spawn(cancel_request(t, &conn));
-                let _ = tokio::time::timeout(CONNECT_TIMEOUT, cancel).await;
+                // Not waited for: it goes while the answer is waited for.
+                drop(tokio::spawn(cancel_request(t, &conn)));
                 tokio::time::timeout(HEARTBEAT_DEADLINE, &mut write).await
             }
         }

@@ -4,13 +4,25 @@
 //! tightest bound (a slow trigger, a commit waiting for a synchronous
 //! standby that is gone) would leave every other lease unconfirmed. Past
 //! that share the server is asked to end the statement, and meanwhile a
-//! witness, a connection of its own, confirms the others from `pg_locks`:
-//! the shared session's backend (its PID and start time) still holds
-//! their advisory locks and is running a statement. A trigger that ignores
-//! the cancel, or a heartbeat stuck behind it, then costs the others
-//! nothing for as long as the server keeps their locks. Only on a session
-//! connected directly: through a pooler, the server session behind a
-//! client that went silent may be handed on, its locks with it.
+//! witness, a connection of its own (opened at the first such stall, kept
+//! while the session lasts), confirms the others from `pg_locks`: the
+//! shared session's backend (its PID and start time) still holds their
+//! advisory locks and is running a statement. A trigger that ignores the
+//! cancel, or a heartbeat stuck behind it, then costs the others nothing
+//! for as long as the server keeps their locks.
+//!
+//! Why that cannot outlast the server's own hold: the witness vouches only
+//! for a backend it sees holding the locks, at a moment after each
+//! confirmation's date. The server frees them early only when it gives
+//! the holder up: an operator ends the session (the documented window),
+//! or its keepalives fail (5 s at least, and a running statement's backend
+//! checks its client each second). A holder whose requests stop reaching
+//! the server has a heartbeat unacknowledged within every interval, so
+//! its own socket (`TCP_USER_TIMEOUT`, 3 s) fails first and loses every
+//! lease at once. An idle backend is never vouched for: its heartbeat did
+//! not reach it. Only on a session connected directly: through a pooler,
+//! the server session behind a client that went silent may be handed on,
+//! its locks with it.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -20,7 +32,7 @@ use tokio::time::{error::Elapsed, timeout, Instant};
 use tokio_postgres::types::Type;
 
 use super::super::confirm::Confirmed;
-use super::super::conn::{cancel_request, open_bare, CONNECT_TIMEOUT};
+use super::super::conn::{cancel_request, open_bare, Conn, CONNECT_TIMEOUT};
 use super::super::session::HEARTBEAT_DEADLINE;
 use super::super::target::Target;
 use super::Hub;
@@ -28,15 +40,14 @@ use super::Hub;
 /// The advisory locks (whole 64-bit keys) a backend holds, asked of the
 /// server by another session: only while that backend is the one that
 /// started at `$2` (a PID the server reused is another session) and is
-/// running a statement. An idle backend whose heartbeat is unanswered did
-/// not hear it: the network may be gone, and the server then frees the
-/// locks once its keepalives give up, so the lease must be lost before
-/// that, as without a witness. A running one frees nothing until its
-/// statement ends (or an operator ends it, the documented window).
+/// running a statement.
 const HELD_BY: &str = "SELECT (l.classid::int8 << 32) | l.objid::int8 FROM pg_locks l \
      WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted AND l.pid = $1 \
      AND EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = $1 \
-     AND a.backend_start::text = $2 AND a.state = 'active')";
+     AND a.backend_start = $2::timestamptz AND a.state = 'active')";
+
+/// The witness's connection, once opened.
+pub(super) type Witness = tokio::sync::Mutex<Option<Conn>>;
 
 impl Hub {
     /// A quarter of the tightest bound of the leases here (`also`
@@ -53,33 +64,14 @@ impl Hub {
         (tightest / 4).min(HEARTBEAT_DEADLINE)
     }
 
-    /// `answer` (statements on this session), waited for at most `limit`;
-    /// past its share of the tightest bound, the witness confirms the
-    /// other leases meanwhile.
-    pub(super) async fn witnessed<F: std::future::Future>(
-        &self,
-        limit: Duration,
-        answer: F,
-    ) -> Result<F::Output, Elapsed> {
-        let began = Instant::now();
-        tokio::pin!(answer);
-        if let Ok(r) = timeout(self.share(None).min(limit), &mut answer).await {
-            return Ok(r);
-        }
-        let rest = limit.saturating_sub(began.elapsed());
-        tokio::select! {
-            biased;
-            r = timeout(rest, &mut answer) => r,
-            () = self.witness(false) => unreachable!("a witness that does not give up never ends"),
-        }
-    }
-
-    /// Wait for one lease's statements on this session, at most a quarter
-    /// of the tightest bound here (`t`'s included). Past that (a slow
-    /// trigger, a commit waiting for a synchronous standby that is gone)
-    /// the server is asked to end them, the request delivered before
+    /// Wait for one lease's statements on this session (`t`'s: its bound
+    /// counts), at most a quarter of the tightest bound here. Past that (a
+    /// slow trigger, a commit waiting for a synchronous standby that is
+    /// gone) the server is asked to end them, the request delivered before
     /// anything else is sent, and the answer waited for up to
     /// `HEARTBEAT_DEADLINE` more, while the witness confirms the others.
+    /// Every statement of the session but the heartbeat goes through here,
+    /// and each is one that may be ended and asked again.
     pub(super) async fn bounded<F: std::future::Future>(
         &self,
         t: &Arc<Target>,
@@ -110,34 +102,38 @@ impl Hub {
         tokio::select! {
             biased;
             r = ended => r,
-            () = self.witness(false) => unreachable!("a witness that does not give up never ends"),
+            () = self.witness(None) => unreachable!("a witness without a limit never ends"),
         }
     }
 
-    /// Confirm the leases here from a connection of its own, once per
-    /// interval, for as long as it is polled. With `give_up`, it ends once
+    /// Confirm the leases here from the witness once per interval, for as
+    /// long as it is polled. With `until`, it ends then, or before once
     /// the tightest lease's bound has passed all the same (a witness that
-    /// cannot connect or see the locks confirms nothing; with no lease
-    /// here, after `HEARTBEAT_DEADLINE`); without, it never ends.
-    pub(super) async fn witness(&self, give_up: bool) {
-        let began = Instant::now();
+    /// cannot connect or see the locks confirms nothing); without, never.
+    pub(super) async fn witness(&self, until: Option<Instant>) {
         let gone = async {
-            if !give_up {
+            let Some(until) = until else {
                 return std::future::pending::<()>().await;
-            }
+            };
             loop {
-                let left = self
+                if self.members.values().any(|m| m.confirmed.expired()) {
+                    return;
+                }
+                // Past the tightest bound on the millisecond clock the
+                // ages are read on, so an unconfirmed lease is found
+                // expired.
+                let at = self
                     .members
                     .values()
                     .map(|m| m.confirmed.bound().saturating_sub(m.confirmed.age()))
                     .min()
-                    .unwrap_or_else(|| HEARTBEAT_DEADLINE.saturating_sub(began.elapsed()));
-                if left.is_zero() || self.members.values().any(|m| m.confirmed.expired()) {
+                    .map_or(until, |left| {
+                        (Instant::now() + left + Duration::from_millis(2)).min(until)
+                    });
+                tokio::time::sleep_until(at).await;
+                if Instant::now() >= until {
                     return;
                 }
-                // Past the bound on the millisecond clock the ages are
-                // read on, so an unconfirmed lease is found expired.
-                tokio::time::sleep(left + Duration::from_millis(2)).await;
             }
         };
         tokio::pin!(gone);
@@ -148,20 +144,33 @@ impl Hub {
         }
     }
 
-    /// The witness itself: ends only when it cannot go on (no connection,
-    /// the server refused the question), having confirmed what it could.
+    /// The witness itself: ends only when it cannot go on (no lease to
+    /// confirm, no connection, the server refused the question), having
+    /// confirmed what it could.
     async fn confirm_aside(&self) {
         let Some(born) = self.born.as_deref() else {
             return;
         };
-        let conn = match timeout(
-            CONNECT_TIMEOUT,
-            open_bare(&self.first, "sidelease shared session witness"),
-        )
-        .await
-        {
-            Ok(Ok(c)) => c,
-            _ => return,
+        if self.members.is_empty() {
+            return;
+        }
+        let mut kept = self.witness.lock().await;
+        if kept.is_none() {
+            let me = crate::platform::process::current();
+            let mut name = format!(
+                "sidelease {}@{} witness",
+                me.pid,
+                me.host.as_deref().unwrap_or("?")
+            );
+            name.retain(|c| c.is_ascii() && !c.is_ascii_control());
+            name.truncate(63);
+            match timeout(CONNECT_TIMEOUT, open_bare(&self.first, &name)).await {
+                Ok(Ok(c)) => *kept = Some(c),
+                _ => return,
+            }
+        }
+        let Some(conn) = kept.as_ref() else {
+            return;
         };
         loop {
             let sent = Confirmed::clock();
@@ -185,6 +194,15 @@ impl Hub {
             }
             tokio::time::sleep_until(next).await;
         }
-        conn.task.abort();
+        // Opened again at the next stall.
+        if let Some(c) = kept.take() {
+            c.task.abort();
+        }
+    }
+
+    /// Whether every lease here was confirmed by a question sent at `sent`
+    /// or later (by the witness, the heartbeat being held up).
+    pub(super) fn witnessed_since(&self, sent: u64) -> bool {
+        !self.members.is_empty() && self.members.values().all(|m| m.confirmed.since(sent))
     }
 }
