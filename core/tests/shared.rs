@@ -29,7 +29,8 @@ fn shared_url(base: &str, name: &str) -> String {
 /// This process's sessions on the server (shared or a lease's own).
 fn my_sessions() -> usize {
     psql(&format!(
-        "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'sidelease {}@%'",
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'sidelease {}@%' \
+         AND application_name NOT LIKE '% witness'",
         std::process::id()
     ))
     .parse()
@@ -40,7 +41,7 @@ fn my_sessions() -> usize {
 fn session_pids() -> String {
     psql(&format!(
         "SELECT string_agg(pid::text, E'\\n' ORDER BY pid) FROM pg_stat_activity \
-         WHERE application_name LIKE 'sidelease {}@%'",
+         WHERE application_name LIKE 'sidelease {}@%' AND application_name NOT LIKE '% witness'",
         std::process::id()
     ))
 }

@@ -201,10 +201,10 @@ struct Member {
 struct Hub {
     conn: Conn,
     pid: i32,
-    /// When the session's backend started, as the server writes it: with
-    /// `pid`, what the witness knows it by (`None`: no witness, as through
-    /// a pooler).
-    born: Option<String>,
+    /// When the session's backend started (`witness::BORN`): with `pid`,
+    /// what the witness knows it by (`None`: no witness, as through a
+    /// pooler).
+    born: Option<i64>,
     /// The target the session was opened for: the witness connects as it.
     first: Arc<Target>,
     /// The witness's connection, opened at the first stall (`witness.rs`).
@@ -339,9 +339,13 @@ async fn run(first: Arc<Target>, tx: UnboundedSender<Cmd>, mut rx: UnboundedRece
         server,
         tx,
         members,
+        witness,
         ..
     } = hub;
     local::forget_hub(&server, &tx);
+    if let Some(w) = witness.into_inner() {
+        w.task.abort();
+    }
     match lost {
         None => conn.close().await,
         Some(reason) => {
@@ -374,7 +378,7 @@ fn app_name() -> String {
 /// session: its own server session (no transaction pooler), a primary,
 /// no advisory lock it did not take. Its backend PID (and when that
 /// backend started) if it may be shared.
-async fn shareable(t: &Target, conn: &Conn) -> Option<(i32, Option<String>)> {
+async fn shareable(t: &Target, conn: &Conn) -> Option<(i32, Option<i64>)> {
     let (lport, laddr, rport, raddr) = conn.ends_params();
     let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 6] = [
         (&ROW_LOCK_MS, Type::TEXT),
@@ -390,8 +394,8 @@ async fn shareable(t: &Target, conn: &Conn) -> Option<(i32, Option<String>)> {
              (inet_client_port() IS NOT DISTINCT FROM $3 AND \
               inet_client_addr() IS NOT DISTINCT FROM NULLIF($4, '')::inet AND \
               inet_server_port() IS NOT DISTINCT FROM $5 AND \
-              inet_server_addr() IS NOT DISTINCT FROM NULLIF($6, '')::inet), \
-             (SELECT backend_start::text FROM pg_stat_activity WHERE pid = pg_backend_pid())"
+              inet_server_addr() IS NOT DISTINCT FROM NULLIF($6, '')::inet), {}",
+        witness::BORN
     );
     let rows = tokio::time::timeout(CONNECT_TIMEOUT, conn.client.query_typed(&sql, &params))
         .await
@@ -399,7 +403,7 @@ async fn shareable(t: &Target, conn: &Conn) -> Option<(i32, Option<String>)> {
         .ok()?;
     let row = rows.first()?;
     let (pid, fine, direct): (i32, bool, bool) = (row.get(0), row.get(1), row.get(2));
-    let born: Option<String> = row.try_get(3).ok().flatten();
+    let born: Option<i64> = row.try_get(3).ok().flatten();
     if !fine {
         return None;
     }

@@ -15,16 +15,21 @@
 //! for a backend it sees holding the locks, at a moment after each
 //! confirmation's date. The server frees them early only when it gives
 //! the holder up: an operator ends the session (the documented window),
-//! or its keepalives fail (5 s at least, and a running statement's backend
-//! checks its client each second). A holder whose requests stop reaching
-//! the server has a heartbeat unacknowledged within every interval, so
-//! its own socket (`TCP_USER_TIMEOUT`, 3 s) fails first and loses every
-//! lease at once. An idle backend is never vouched for: its heartbeat did
-//! not reach it. Only on a session connected directly: through a pooler,
-//! the server session behind a client that went silent may be handed on,
-//! its locks with it.
+//! or its keepalives find the holder silent (5 s after the last packet it
+//! heard, at least; a running statement's backend checks its client each
+//! second). So each time the witness asks, it also sends a statement on
+//! the shared session (answered, and dropped, once the session is free):
+//! a holder whose packets stop reaching the server then has one
+//! unacknowledged within every interval (a second at most), and its own
+//! socket (`TCP_USER_TIMEOUT`, 3 s) fails first, losing every lease on it
+//! at once. An idle backend is never vouched for: the heartbeat did not
+//! reach it. Only on a session connected directly over TCP: through a
+//! pooler, the server session behind a client that went silent may be
+//! handed on, its locks with it (and a Unix socket cannot tell a pooler
+//! from the server).
 
 use std::collections::HashSet;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,12 +44,18 @@ use super::Hub;
 
 /// The advisory locks (whole 64-bit keys) a backend holds, asked of the
 /// server by another session: only while that backend is the one that
-/// started at `$2` (a PID the server reused is another session) and is
-/// running a statement.
+/// started at `$2` (microseconds since the epoch: a PID the server reused
+/// is another session) and is running a statement.
 const HELD_BY: &str = "SELECT (l.classid::int8 << 32) | l.objid::int8 FROM pg_locks l \
      WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted AND l.pid = $1 \
      AND EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = $1 \
-     AND a.backend_start = $2::timestamptz AND a.state = 'active')";
+     AND (extract(epoch FROM a.backend_start) * 1000000)::int8 = $2 AND a.state = 'active')";
+
+/// When a backend started, as `HELD_BY` compares it (a number: the text of
+/// a time depends on each session's `DateStyle` and `TimeZone`).
+pub(super) const BORN: &str =
+    "(SELECT (extract(epoch FROM backend_start) * 1000000)::int8 FROM pg_stat_activity \
+     WHERE pid = pg_backend_pid())";
 
 /// The witness's connection, once opened.
 pub(super) type Witness = tokio::sync::Mutex<Option<Conn>>;
@@ -145,59 +156,91 @@ impl Hub {
     }
 
     /// The witness itself: ends only when it cannot go on (no lease to
-    /// confirm, no connection, the server refused the question), having
-    /// confirmed what it could.
+    /// confirm, no connection, a question unanswered on two connections),
+    /// having confirmed what it could.
     async fn confirm_aside(&self) {
-        let Some(born) = self.born.as_deref() else {
+        let Some(born) = self.born else {
             return;
         };
         if self.members.is_empty() {
             return;
         }
         let mut kept = self.witness.lock().await;
-        if kept.is_none() {
-            let me = crate::platform::process::current();
-            let mut name = format!(
-                "sidelease {}@{} witness",
-                me.pid,
-                me.host.as_deref().unwrap_or("?")
-            );
-            name.retain(|c| c.is_ascii() && !c.is_ascii_control());
-            name.truncate(63);
-            match timeout(CONNECT_TIMEOUT, open_bare(&self.first, &name)).await {
-                Ok(Ok(c)) => *kept = Some(c),
-                _ => return,
-            }
-        }
-        let Some(conn) = kept.as_ref() else {
-            return;
-        };
+        let mut opened = 0;
         loop {
+            // One kept from an earlier stall that the server ended since
+            // (an operator, a restart, a failed question) is opened again:
+            // at most twice per stall.
+            if kept.as_ref().is_none_or(|c| c.client.is_closed()) {
+                if opened == 2 {
+                    return;
+                }
+                opened += 1;
+                *kept = self.open_witness().await;
+            }
+            let Some(conn) = kept.as_ref() else {
+                return;
+            };
             let sent = Confirmed::clock();
             let next = Instant::now() + self.interval();
+            self.ping();
             let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 2] =
-                [(&self.pid, Type::INT4), (&born, Type::TEXT)];
-            let rows = match timeout(
+                [(&self.pid, Type::INT4), (&born, Type::INT8)];
+            let asked = timeout(
                 HEARTBEAT_DEADLINE,
                 conn.client.query_typed(HELD_BY, &params),
-            )
-            .await
-            {
-                Ok(Ok(rows)) => rows,
-                _ => break,
-            };
-            let keys: HashSet<i64> = rows.iter().filter_map(|r| r.try_get(0).ok()).collect();
-            for (key, m) in &self.members {
-                if keys.contains(key) {
-                    m.confirmed.answered(sent);
+            );
+            match asked.await {
+                Ok(Ok(rows)) => {
+                    let keys: HashSet<i64> =
+                        rows.iter().filter_map(|r| r.try_get(0).ok()).collect();
+                    for (key, m) in &self.members {
+                        if keys.contains(key) {
+                            m.confirmed.answered(sent);
+                        }
+                    }
+                    tokio::time::sleep_until(next).await;
+                }
+                // Opened again (see above), or given up on.
+                _ => {
+                    if let Some(c) = kept.take() {
+                        c.task.abort();
+                    }
                 }
             }
-            tokio::time::sleep_until(next).await;
         }
-        // Opened again at the next stall.
-        if let Some(c) = kept.take() {
-            c.task.abort();
-        }
+    }
+
+    /// The witness's connection: named for its process, and exempt from
+    /// the server's idle timeout (it waits for the next stall).
+    async fn open_witness(&self) -> Option<Conn> {
+        let me = crate::platform::process::current();
+        let mut name = format!(
+            "sidelease {}@{} witness",
+            me.pid,
+            me.host.as_deref().unwrap_or("?")
+        );
+        name.retain(|c| c.is_ascii() && !c.is_ascii_control());
+        name.truncate(63);
+        let opened = async {
+            let c = open_bare(&self.first, &name).await.ok()?;
+            c.client
+                .batch_execute("SET idle_session_timeout = 0; SET statement_timeout = 0")
+                .await
+                .ok()?;
+            Some(c)
+        };
+        timeout(CONNECT_TIMEOUT, opened).await.ok().flatten()
+    }
+
+    /// A statement on the shared session, sent and not waited for: while
+    /// another holds the session up, it keeps this end's packets going to
+    /// the server (see the module's comment).
+    fn ping(&self) {
+        let mut sent = std::pin::pin!(self.conn.client.simple_query(""));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        // The first poll hands it to the connection; its answer is dropped.
+        let _ = sent.as_mut().poll(&mut cx);
     }
 
     /// Whether every lease here was confirmed by a question sent at `sent`
