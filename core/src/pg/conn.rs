@@ -426,6 +426,7 @@ pub(crate) fn cancel_request(
         let Ok((sock, _)) = socket::connect(&target.config, CONNECT_TIMEOUT).await else {
             return;
         };
+        let sock = socket::ClosedByPeer(sock);
         let _ = match tls {
             Some(tls) => {
                 tokio::time::timeout(CONNECT_TIMEOUT, token.cancel_query_raw(sock, tls)).await

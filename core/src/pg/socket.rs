@@ -80,6 +80,49 @@ impl AsyncWrite for Listed {
     }
 }
 
+/// A cancel request's socket, whose shutdown first waits for the server to
+/// close it: the server (or a pooler) closes once it has taken the
+/// request, as libpq waits for. A client that closes first makes
+/// PgBouncer 1.18 (Debian 12's) exit on a fatal error ("bad client
+/// state"), freeing a client its cancel still pointed at; every client of
+/// the pooler then loses its connection. Bounded by the caller.
+pub(crate) struct ClosedByPeer(pub Listed);
+
+impl AsyncRead for ClosedByPeer {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().0).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for ClosedByPeer {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, b: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().0).poll_write(cx, b)
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().0).poll_flush(cx)
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let inner = &mut self.get_mut().0;
+        // Whatever the server sends (nothing, or its side of a TLS
+        // session's end) is read and dropped until it closes.
+        let mut scratch = [0u8; 256];
+        loop {
+            let mut buf = ReadBuf::new(&mut scratch);
+            match Pin::new(&mut *inner).poll_read(cx, &mut buf) {
+                Poll::Ready(Ok(())) if buf.filled().is_empty() => break,
+                Poll::Ready(Ok(())) => continue,
+                Poll::Ready(Err(_)) => break,
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        Pin::new(inner).poll_shutdown(cx)
+    }
+}
+
 fn listed_socket(family: AddressFamily) -> io::Result<Listed> {
     let opened = registry::open_listed(|| crate::platform::sockopt::stream_socket(family))?;
     let (fd, slot) = opened.map_err(|e| io::Error::other(e.to_string()))?;
