@@ -649,10 +649,11 @@ fn stubborn_statement(base: &str, vouched: bool) {
     let others = Kept::acquire(base);
     let slow = unique("stubborn");
     let f = unique("stubborn_row").replace('-', "_");
-    // 0.5 s, or 4 s once asked to end (every such request is ignored).
+    // 1.5 s (the request to end it, sent after 0.25 s, has that long to
+    // come), or 4 s once asked to end (every such request is ignored).
     psql(&format!(
         "CREATE FUNCTION {f}() RETURNS trigger LANGUAGE plpgsql AS $$ \
-         DECLARE t0 timestamptz := clock_timestamp(); last interval := '0.5 s'; BEGIN \
+         DECLARE t0 timestamptz := clock_timestamp(); last interval := '1.5 s'; BEGIN \
            WHILE clock_timestamp() < t0 + last LOOP \
              BEGIN PERFORM pg_sleep(0.02); \
              EXCEPTION WHEN query_canceled THEN last := interval '4 s'; END; \

@@ -405,8 +405,8 @@ async fn startup(
 }
 
 /// A cancel request for what `conn`'s session runs now, carried by a new
-/// connection: a future that ends once the request is sent (the server
-/// acts on it a moment later), or the server could not be reached.
+/// connection: a future that ends once the server (or a pooler) has taken
+/// the request and closed that connection, or could not be reached.
 /// Spawned, so that a server slow to take it cannot stretch a caller's
 /// bound on giving up. A request that lands after the statement ended by
 /// itself ends the session's next statement instead (an idle session
@@ -420,7 +420,8 @@ pub(crate) fn cancel_request(
     let tls = match &conn.host {
         Some(h) if conn.tls.is_some() => target.tls.connector(h, &target.shown).ok().flatten(),
         _ => None,
-    };
+    }
+    .map(|c| super::tls::Connector { linger: true, ..c });
     let target = target.clone();
     async move {
         let Ok((sock, _)) = socket::connect(&target.config, CONNECT_TIMEOUT).await else {

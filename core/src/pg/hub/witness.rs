@@ -99,8 +99,8 @@ impl Hub {
             let answered = timeout(HEARTBEAT_DEADLINE, &mut answer).await;
             // Had they ended by themselves as the request came, it could
             // end the next statement: one of no consequence takes it when
-            // it lands soon enough (the driver does not wait for the
-            // server to act on it), and the statements after treat a
+            // it lands soon enough (the server takes the request, then
+            // acts on it a moment later), and the statements after treat a
             // cancel they meet as a statement to ask again (a heartbeat
             // unanswered, a release's row written on a side connection, a
             // given-back row next time).

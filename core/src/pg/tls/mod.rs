@@ -301,6 +301,7 @@ impl Settings {
             roots: described,
             used: Arc::new(OnceLock::new()),
             tried: Arc::default(),
+            linger: false,
         }))
     }
 

@@ -27,9 +27,14 @@ pub(crate) struct Connector {
     pub used: Arc<std::sync::OnceLock<&'static str>>,
     /// Set once the server agreed to TLS and the handshake began.
     pub tried: Arc<std::sync::atomic::AtomicBool>,
+    /// A cancel request's connection: its shutdown first reads until the
+    /// server closes the session (see `socket::ClosedByPeer`), before TLS
+    /// says its own goodbye, which a pooler would read as the client
+    /// gone.
+    pub linger: bool,
 }
 
-pub(crate) struct Stream<S>(tokio_rustls::client::TlsStream<S>);
+pub(crate) struct Stream<S>(tokio_rustls::client::TlsStream<S>, bool);
 
 impl<S> TlsConnect<S> for Connector
 where
@@ -52,7 +57,7 @@ where
                         _ => "TLS",
                     };
                     let _ = self.used.set(v);
-                    Stream(s)
+                    Stream(s, self.linger)
                 })
                 .map_err(|e| self.explain(e))
         })
@@ -148,6 +153,20 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Stream<S> {
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
+        let me = &mut *self;
+        if me.1 {
+            let mut scratch = [0u8; 256];
+            loop {
+                let mut buf = ReadBuf::new(&mut scratch);
+                match Pin::new(&mut me.0).poll_read(cx, &mut buf) {
+                    Poll::Ready(Ok(())) if buf.filled().is_empty() => break,
+                    Poll::Ready(Ok(())) => continue,
+                    Poll::Ready(Err(_)) => break,
+                    Poll::Pending => return Poll::Pending,
+                }
+            }
+            me.1 = false;
+        }
+        Pin::new(&mut me.0).poll_shutdown(cx)
     }
 }
