@@ -252,7 +252,10 @@ async fn run(first: Arc<Target>, tx: UnboundedSender<Cmd>, mut rx: UnboundedRece
     // Taken once: the error below names the time this opening was given.
     let patience = req.patience();
     let taken = std::sync::atomic::AtomicBool::new(false);
-    let opening = tokio::time::timeout(patience, open_tracked(&first, Some(app_name()), &taken));
+    let opening = tokio::time::timeout(
+        patience,
+        open_tracked(&first, Some(app_name("shared")), &taken),
+    );
     tokio::pin!(opening);
     let opened = loop {
         tokio::select! {
@@ -361,11 +364,12 @@ async fn run(first: Arc<Target>, tx: UnboundedSender<Cmd>, mut rx: UnboundedRece
     drain(&server, &tx, rx);
 }
 
-/// What a shared session's `application_name` says: whose it is.
-fn app_name() -> String {
+/// What a shared session's `application_name` says: whose it is, and
+/// which of its connections (`shared`, or the `witness`).
+fn app_name(role: &str) -> String {
     let me = crate::platform::process::current();
     let mut s = format!(
-        "sidelease {}@{} shared",
+        "sidelease {}@{} {role}",
         me.pid,
         me.host.as_deref().unwrap_or("?")
     );

@@ -214,14 +214,7 @@ impl Hub {
     /// The witness's connection: named for its process, and exempt from
     /// the server's idle timeout (it waits for the next stall).
     async fn open_witness(&self) -> Option<Conn> {
-        let me = crate::platform::process::current();
-        let mut name = format!(
-            "sidelease {}@{} witness",
-            me.pid,
-            me.host.as_deref().unwrap_or("?")
-        );
-        name.retain(|c| c.is_ascii() && !c.is_ascii_control());
-        name.truncate(63);
+        let name = super::app_name("witness");
         let opened = async {
             let c = open_bare(&self.first, &name).await.ok()?;
             c.client
