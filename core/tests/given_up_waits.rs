@@ -8,14 +8,14 @@
 //! cluster (`tests/pg/cluster start`; tests/run starts one).
 #![cfg(feature = "postgres")]
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use sidelease::{Lease, Options, Pending, Wait};
 
 mod common;
-use common::{command, env, psql, this_exe};
+use common::{env, psql, spawn_until_held};
 
 #[test]
 #[ignore = "run by the test below in a child process"]
@@ -28,25 +28,7 @@ fn child_holds_forever() {
 }
 
 fn spawn_holder(u: &str) -> std::process::Child {
-    let mut child = command(this_exe())
-        .args([
-            "--exact",
-            "child_holds_forever",
-            "--nocapture",
-            "--include-ignored",
-        ])
-        .env("SIDELEASE_CHILD_URL", u)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut seen = String::new();
-    let mut buf = [0u8; 256];
-    while !seen.contains("HELD") {
-        let n = child.stdout.as_mut().unwrap().read(&mut buf).unwrap();
-        assert!(n > 0, "the holder ended: {seen}");
-        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
-    }
-    child
+    spawn_until_held("child_holds_forever", "SIDELEASE_CHILD_URL", u)
 }
 
 fn now_secs() -> f64 {

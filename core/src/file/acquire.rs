@@ -72,6 +72,13 @@ const POLL_MAX: Duration = Duration::from_millis(50);
 /// long as the platform's holder may take to put a file back: 20 ms where
 /// file events wake it, 250 ms where it looks on a timer.
 const REANCHOR_GRACE: Duration = crate::platform::fsevents::REANCHOR_GRACE;
+/// How long a waiter goes on waiting on a held file that was deleted or
+/// replaced while its record cannot say whether its holder runs (emptied or
+/// overwritten under a holder, or a plain `flock(1)` that wrote none): as
+/// long as a holder whose record was damaged takes, on a crowded machine,
+/// to finish a short critical section, but not a lock nobody acquiring
+/// through the path needs held for ever.
+const UNRECORDED_FOR: Duration = Duration::from_secs(1);
 /// The most one acquisition spends in graces: a file replaced faster than
 /// the grace, over and over, must not starve it (200 ms, or two graces
 /// where one is longer than 100 ms).
@@ -176,9 +183,10 @@ pub(crate) struct FilePending {
     grace_until: Option<Instant>,
     /// Time spent in graces so far.
     grace_spent: Duration,
-    /// Since when the path has named another file than the one this
-    /// waiting attempt opened.
-    moved_since: Option<Instant>,
+    /// When this waiting attempt stops waiting on the file it opened, which
+    /// the path no longer names, and opens the path again (see the wait in
+    /// `try_acquire`).
+    move_on_at: Option<Instant>,
 }
 
 impl FilePending {
@@ -198,7 +206,7 @@ impl FilePending {
             poll_backoff: POLL_MIN,
             grace_until: None,
             grace_spent: Duration::ZERO,
-            moved_since: None,
+            move_on_at: None,
         })
     }
 
@@ -327,22 +335,51 @@ impl FilePending {
                     }
                     if !looked {
                         looked = true;
-                        if names(&self.spelled.lease, key) {
-                            self.moved_since = None;
-                        } else {
-                            // The file this attempt opened is no longer at
-                            // the path (deleted, moved, replaced): once its
-                            // holder had the moment it needs to put its file
-                            // back (so we never race it for the new one),
-                            // wait on the one there now, not on a lock
-                            // nobody acquiring through the path needs.
-                            let since = *self.moved_since.get_or_insert_with(Instant::now);
-                            if since.elapsed() >= REANCHOR_GRACE {
-                                self.moved_since = None;
-                                self.open = None;
-                                rounds += 1;
-                                self.replaced_too_often(rounds)?;
-                                continue;
+                        // The file this attempt opened and found held may
+                        // be no longer at the path. Deleted, moved or
+                        // replaced (its own name no longer names it) while
+                        // its record names a holder that runs: that holder
+                        // puts a file back at the path and keeps this one,
+                        // so wait on this one until it is let go. Moving on
+                        // to the new file before the holder's watch ran (a
+                        // loaded machine) would win it beside that holder:
+                        // the split guard refuses such a win, but an
+                        // acquirer that turned it off has only this. Once
+                        // this one is let go, the next round locks it,
+                        // finds the path names another file and opens that.
+                        // A record of no running holder, or the path as
+                        // spelled leading elsewhere (a symlink on it
+                        // flipped): once a holder had the moment it needs
+                        // to put its file back, wait on the one there now.
+                        // No record to tell (emptied, overwritten, or a
+                        // plain `flock(1)`): the same, after longer.
+                        let bound = match self.open.as_ref() {
+                            Some(of) if !names(&self.spelled.lease, key) => {
+                                if names(&of.canon, key) {
+                                    Some(REANCHOR_GRACE)
+                                } else {
+                                    match previous::writer_holds(of.fd(), key) {
+                                        Some(true) => None,
+                                        Some(false) => Some(REANCHOR_GRACE),
+                                        None => Some(UNRECORDED_FOR),
+                                    }
+                                }
+                            }
+                            _ => None,
+                        };
+                        match bound {
+                            None => self.move_on_at = None,
+                            Some(bound) => {
+                                let at = *self
+                                    .move_on_at
+                                    .get_or_insert_with(|| Instant::now() + bound);
+                                if Instant::now() >= at {
+                                    self.move_on_at = None;
+                                    self.open = None;
+                                    rounds += 1;
+                                    self.replaced_too_often(rounds)?;
+                                    continue;
+                                }
                             }
                         }
                     }
@@ -583,14 +620,15 @@ impl FilePending {
         if let Some(until) = self.grace_until {
             return until.saturating_duration_since(Instant::now());
         }
-        if let Some(since) = self.moved_since {
-            // Look again once the holder of the file opened had its moment.
-            let left = REANCHOR_GRACE.saturating_sub(since.elapsed());
-            return left.max(Duration::from_millis(1));
-        }
         if self.hot < HOT_RETRIES.len() {
             self.hot += 1;
             return HOT_RETRIES[self.hot - 1];
+        }
+        if let Some(at) = self.move_on_at {
+            // Look again once the holder of the file opened had its moment
+            // (and at least as often as the safety net).
+            let left = at.saturating_duration_since(Instant::now());
+            return left.clamp(Duration::from_millis(1), SAFETY_RECHECK);
         }
         if self.wait_fd().is_some() {
             return SAFETY_RECHECK;

@@ -89,6 +89,49 @@ pub(crate) fn vouches_now(fd: BorrowedFd<'_>, key: Key, lease_path: &Path) -> bo
 /// its file was made may read as up to this much older than the file.
 const BIRTH_SLACK_MS: u128 = 10;
 
+/// Does the record in the held file `fd` name its holder: written for this
+/// very inode, not released, by a process running here now? A waiter whose
+/// file was deleted or replaced while another process held it waits on it
+/// while it does: that holder is one that puts a file back at the path. A
+/// record of a process gone or released, or of another file, leaves a lock
+/// that holds no lease an acquirer through the path can see (the command a
+/// killed `sidelease hold` handed the file to): waiting on it would wait
+/// that process out (issue 35). `None`: no record to tell (an empty file,
+/// as `flock(1)` leaves it, or one someone truncated or overwrote under its
+/// holder). A writer in another PID namespace cannot be looked up, so it
+/// counts as running.
+pub(crate) fn writer_holds(fd: BorrowedFd<'_>, (dev, ino): Key) -> Option<bool> {
+    let bytes = match process::read_at_most(fd, 0, record::RECORD_MAX_BYTES) {
+        Ok(bytes) if bytes.len() <= record::RECORD_MAX_BYTES => bytes,
+        _ => return None,
+    };
+    let Content::Record(r) = Content::parse(&bytes) else {
+        return None;
+    };
+    if r.released_at.is_some() || r.inode != Some(ino) || r.device != Some(dev) {
+        return Some(false);
+    }
+    let me = process::current();
+    let differs =
+        |a: &Option<String>, b: &Option<String>| matches!((a, b), (Some(x), Some(y)) if x != y);
+    if differs(&r.host, &me.host)
+        || differs(&r.machine_id, &me.machine_id)
+        || differs(&r.boot_id, &me.boot_id)
+    {
+        return Some(false);
+    }
+    let Some(pid) = r.pid else {
+        return Some(false);
+    };
+    if matches!((r.pid_ns, me.pid_ns), (Some(a), Some(b)) if a != b) {
+        return Some(true);
+    }
+    Some(match r.proc_start {
+        Some(start) => process::exited(pid, start) != Some(true),
+        None => process::alive(pid) != Some(false),
+    })
+}
+
 /// Is this lease file young enough that a holder of a former one may not
 /// have put it back yet? How much longer to wait if so. Without a birth time
 /// a file with no record in it counts as new.

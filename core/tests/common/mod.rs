@@ -1,10 +1,13 @@
-//! What the PostgreSQL test files share: the test cluster's variables
+//! What the test files share: running a child (`child.rs`); for PostgreSQL,
+//! the test cluster's variables
 //! (`tests/pg/cluster start`; tests/run exports them), lease names no other
 //! test or earlier run uses, and psql as the superuser.
 #![allow(dead_code)] // each test binary uses its own part
 
-use std::ffi::OsStr;
-use std::path::PathBuf;
+mod child;
+#[allow(unused_imports)] // each test binary uses its own part
+pub use child::{command, spawn_until_held, this_exe};
+
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -12,34 +15,6 @@ pub fn env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| {
         panic!("{name} is not set: start a server with `eval \"$(bash tests/pg/cluster start)\"` (tests/run does)")
     })
-}
-
-/// `program` as a command, through `$SIDELEASE_TEST_EMULATOR` when that is
-/// set: tests/cross-targets runs the arm64 test binaries under qemu, and
-/// nothing here makes the kernel run an arm64 program by itself, so a
-/// child that is one of ours (the CLI, this test binary) is emulated too.
-pub fn command(program: impl AsRef<OsStr>) -> Command {
-    match std::env::var("SIDELEASE_TEST_EMULATOR") {
-        Ok(e) if !e.trim().is_empty() => {
-            let mut words = e.split_whitespace();
-            let mut c = Command::new(words.next().unwrap());
-            c.args(words).arg(program);
-            c
-        }
-        _ => Command::new(program),
-    }
-}
-
-/// This test binary, to run one of its tests in a child process. Under the
-/// emulator the process's executable is the program loader qemu was given,
-/// so the binary is the path the loader was given: argv[0].
-pub fn this_exe() -> PathBuf {
-    match std::env::var("SIDELEASE_TEST_EMULATOR") {
-        Ok(e) if !e.trim().is_empty() => {
-            std::fs::canonicalize(std::env::args_os().next().unwrap()).unwrap()
-        }
-        _ => std::env::current_exe().unwrap(),
-    }
 }
 
 static N: AtomicU32 = AtomicU32::new(0);
