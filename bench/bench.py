@@ -534,7 +534,7 @@ NOTES = """\
   moments ago: the first read in a quiet moment costs 10–20 ms here, then
   tight loops of reads are cheap. That is why the split guard skips the read
   when the previous record was written by a split-checked holder of the same
-  inode (see README, Decisions), why the core's steady-state cycle sits below
+  inode (see docs/decisions.md), why the core's steady-state cycle sits below
   the "C floor with /proc/locks", and why inspect() (which must read it) is
   measured in a loop here but can cost milliseconds cold.
 - **Scale with new lease files**: each first acquisition of a new lease file

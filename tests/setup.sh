@@ -7,6 +7,8 @@ CBINDGEN_VERSION=0.29.2
 # The linker of the wheel and of every target packaging/cross builds.
 ZIG_VERSION=0.14.1
 ZIGBUILD_VERSION=0.24.1
+# The documentation site's builder (tests/docs).
+MKDOCS_VERSION=1.6.1
 
 have() { command -v "$1" >/dev/null 2>&1; }
 apt_install() {
@@ -75,6 +77,12 @@ fi
 if ! .venv/bin/python -c "import gunicorn, apscheduler, prometheus_client" 2>/dev/null; then
   echo "setup: installing the gunicorn example's dependencies into .venv"
   .venv/bin/pip install --quiet -r examples/gunicorn-scheduler/requirements.txt
+fi
+
+# MkDocs, pinned, for the documentation site (tests/docs).
+if ! .venv/bin/python -c "import importlib.metadata as m, sys; sys.exit(m.version('mkdocs') != '$MKDOCS_VERSION')" 2>/dev/null; then
+  echo "setup: installing mkdocs $MKDOCS_VERSION into .venv"
+  .venv/bin/pip install --quiet "mkdocs==$MKDOCS_VERSION"
 fi
 
 # Node and Bun: napi-rs CLI and the Bun binary come from the lockfile.

@@ -410,7 +410,7 @@ fn the_fencing_check_rejects_a_stale_holder() {
     assert!(new_gen > old_gen);
     psql("CREATE TABLE IF NOT EXISTS fenced_jobs (id int PRIMARY KEY, owner bigint)");
     psql("INSERT INTO fenced_jobs VALUES (1, 0) ON CONFLICT DO NOTHING");
-    // README's recipe: the write carries the writer's generation and only
+    // The recipe of docs/postgresql.md (Fencing): the write carries the writer's generation and only
     // lands while it is the lease's current one.
     let write = |generation: u64| {
         psql(&format!(

@@ -27,7 +27,7 @@ cc -std=c11 -Wall -Werror ${SIDELEASE_CFLAGS:-} "$here/daemon.c" $(pkg-config --
    -Wl,-rpath,"$libdir" -o "$work/daemon"
 readelf -d "$work/daemon" | grep -q 'NEEDED.*libsidelease.so.0' || { echo "not linked to the SONAME" >&2; exit 1; }
 # Without the rpath the loader does not look in this prefix: the program
-# does not start, and says why (README's C section).
+# does not start, and says why (docs/c.md).
 # shellcheck disable=SC2046
 cc -std=c11 -Wall -Werror "$here/daemon.c" $(pkg-config --cflags --libs sidelease) -o "$work/daemon-no-rpath"
 # (No argument: a daemon the loader did start, from a copy of the library

@@ -7,7 +7,7 @@ drops one direction or both. Meanwhile the server ends the holder's session
 outside the namespace, acquires. The holder cannot know; what bounds the
 time both believe they hold is `ensure_held()`'s bound (`confirm_within`,
 1 s by default). Each check measures that window, asserts it is within the
-bound, and writes through README's fencing check on the holder's behalf the
+bound, and writes through the fencing check of docs/postgresql.md on the holder's behalf the
 whole time: no write with the old generation may land once the waiter holds.
 
 With a role's `tcp_user_timeout` and a one-way drop, the server itself would
@@ -118,7 +118,7 @@ def answered(a: Agent) -> bool:
 
 
 class Fencing:
-    """Writes on the holder's behalf, with its generation, through README's
+    """Writes on the holder's behalf, with its generation, through docs/postgresql.md's
     fencing check, while the holder believes it holds; counts those that
     landed after the waiter acquired."""
 
