@@ -247,6 +247,8 @@ impl FilePending {
                     Opened::File(of) => {
                         faults::step("acquire.opened");
                         self.open = Some(of);
+                        // A look at a former file does not carry over.
+                        self.move_on_at = None;
                     }
                     Opened::Moved => {
                         rounds += 1;
@@ -358,7 +360,7 @@ impl FilePending {
                                 if names(&of.canon, key) {
                                     Some(REANCHOR_GRACE)
                                 } else {
-                                    match previous::writer_holds(of.fd(), key) {
+                                    match previous::writer_holds(of.fd(), key, &of.canon) {
                                         Some(true) => None,
                                         Some(false) => Some(REANCHOR_GRACE),
                                         None => Some(UNRECORDED_FOR),

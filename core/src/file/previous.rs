@@ -90,17 +90,23 @@ pub(crate) fn vouches_now(fd: BorrowedFd<'_>, key: Key, lease_path: &Path) -> bo
 const BIRTH_SLACK_MS: u128 = 10;
 
 /// Does the record in the held file `fd` name its holder: written for this
-/// very inode, not released, by a process running here now? A waiter whose
-/// file was deleted or replaced while another process held it waits on it
-/// while it does: that holder is one that puts a file back at the path. A
+/// very inode under the name of `lease_path` (another database's lease file
+/// renamed over ours is not waited out; the directory may be named
+/// otherwise in a container's mounts), not released, by a process running
+/// here now?
+/// A waiter whose file was deleted or replaced while another process held
+/// it waits on it while it does: that holder is one that puts a file back
+/// at the path (or one the split guard would refuse every acquirer for: a
+/// holder told its lease is lost keeps its files until it lets go). A
 /// record of a process gone or released, or of another file, leaves a lock
 /// that holds no lease an acquirer through the path can see (the command a
 /// killed `sidelease hold` handed the file to): waiting on it would wait
 /// that process out (issue 35). `None`: no record to tell (an empty file,
 /// as `flock(1)` leaves it, or one someone truncated or overwrote under its
-/// holder). A writer in another PID namespace cannot be looked up, so it
-/// counts as running.
-pub(crate) fn writer_holds(fd: BorrowedFd<'_>, (dev, ino): Key) -> Option<bool> {
+/// holder). Only the boot is compared, not the host name or machine id: a
+/// container on this kernel has its own. A writer in another PID namespace
+/// cannot be looked up, so it counts as running.
+pub(crate) fn writer_holds(fd: BorrowedFd<'_>, (dev, ino): Key, lease_path: &Path) -> Option<bool> {
     let bytes = match process::read_at_most(fd, 0, record::RECORD_MAX_BYTES) {
         Ok(bytes) if bytes.len() <= record::RECORD_MAX_BYTES => bytes,
         _ => return None,
@@ -108,15 +114,16 @@ pub(crate) fn writer_holds(fd: BorrowedFd<'_>, (dev, ino): Key) -> Option<bool> 
     let Content::Record(r) = Content::parse(&bytes) else {
         return None;
     };
-    if r.released_at.is_some() || r.inode != Some(ino) || r.device != Some(dev) {
-        return Some(false);
-    }
     let me = process::current();
-    let differs =
-        |a: &Option<String>, b: &Option<String>| matches!((a, b), (Some(x), Some(y)) if x != y);
-    if differs(&r.host, &me.host)
-        || differs(&r.machine_id, &me.machine_id)
-        || differs(&r.boot_id, &me.boot_id)
+    let other_boot = matches!((&r.boot_id, &me.boot_id), (Some(x), Some(y)) if x != y);
+    if r.released_at.is_some()
+        || r.inode != Some(ino)
+        || r.device != Some(dev)
+        || r.lease_path
+            .as_deref()
+            .and_then(|p| Path::new(p).file_name())
+            != lease_path.file_name()
+        || other_boot
     {
         return Some(false);
     }
@@ -127,7 +134,13 @@ pub(crate) fn writer_holds(fd: BorrowedFd<'_>, (dev, ino): Key) -> Option<bool> 
         return Some(true);
     }
     Some(match r.proc_start {
-        Some(start) => process::exited(pid, start) != Some(true),
+        Some(start) => match process::exited(pid, start) {
+            Some(exited) => !exited,
+            // Not told: on its way out, or its PID now names a process
+            // that started at another time (more than a tick apart: under
+            // qemu a process reads its own start time a tick off).
+            None => !matches!(process::start_time(pid), Some(s) if s.abs_diff(start) > 1),
+        },
         None => process::alive(pid) != Some(false),
     })
 }
