@@ -46,8 +46,9 @@ BASELINE = B.BENCH / "baseline.json"
 MARGIN, MARGIN_MIN = 0.10, 1.0
 # A wait among many released together is woken once or twice, depending on
 # how its holder's releases interleave with the wake-ups (29.2-30 calls in
-# runs here); a quarter still catches a /proc read per wait (58 calls
-# before issue 38's fix).
+# runs here, node's once 37: so the lower of two measurements counts); a
+# quarter still catches a /proc read per wait (58 calls before issue 38's
+# fix).
 MARGINS = {"released together, per wait: ": 0.25}
 STRACE = ["strace", "-f", "-c", "-U", "calls,name", "-o"]
 
@@ -225,7 +226,13 @@ def measure(quick: bool) -> Dict[str, Dict[str, Any]]:
             ("python asyncio", [B.PY, pym, "many-waits", "{d}", "{n}", "asyncio"]),
             ("node acquireAsync", ["node", js, "many-waits", "{d}", "{n}"]),
         ):
-            rows[f"released together, per wait: sidelease {name}"] = summary(per_op(released_op(cmd), rn))
+            # The lower of two measurements: how the holder's releases
+            # interleave with the wake-ups only adds calls (a wait woken
+            # twice retries its flock and re-arms its watch), and one
+            # measurement of node's ranged 27.8-37 calls here; a regression
+            # (a /proc read, a second stat per wait) raises both.
+            samples = [summary(per_op(released_op(cmd), rn)) for _ in range(2)]
+            rows[f"released together, per wait: sidelease {name}"] = min(samples, key=lambda r: r["calls"])
     finally:
         shutil.rmtree(d, ignore_errors=True)
     return rows
