@@ -94,7 +94,7 @@ const lease = acquire(process.env.SIDELEASE_DB, { timeout: 5000, metadata: { app
 const p = lease.previous;
 console.log(`node: acquired in ${Date.now() - t} ms, generation ${lease.generation}`);
 console.log(`node: previous holder pid ${p.pid} (${p.runtime}) released cleanly: ${lease.previousReleasedCleanly}`);
-if (!lease.previousReleasedCleanly) console.log("node: running crash recovery before serving");
+if (lease.previousReleasedCleanly === false) console.log("node: running crash recovery before serving");
 lease.release();
 '
 "$sidelease" status "$db"
