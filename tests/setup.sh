@@ -9,6 +9,8 @@ ZIG_VERSION=0.14.1
 ZIGBUILD_VERSION=0.24.1
 # The documentation site's builder (tests/docs).
 MKDOCS_VERSION=1.6.1
+# Its snippets extension: how-to pages show the tested examples' own files.
+PYMDOWN_VERSION=13.1.2
 
 have() { command -v "$1" >/dev/null 2>&1; }
 apt_install() {
@@ -84,6 +86,12 @@ if ! .venv/bin/python -c "import importlib.metadata as m, sys; sys.exit(m.versio
   echo "setup: installing mkdocs $MKDOCS_VERSION into .venv"
   .venv/bin/pip install --quiet "mkdocs==$MKDOCS_VERSION"
 fi
+if ! .venv/bin/python -c "import importlib.metadata as m, sys; sys.exit(m.version('pymdown-extensions') != '$PYMDOWN_VERSION')" 2>/dev/null; then
+  echo "setup: installing pymdown-extensions $PYMDOWN_VERSION into .venv"
+  .venv/bin/pip install --quiet "pymdown-extensions==$PYMDOWN_VERSION"
+fi
+# systemd-analyze, for the systemd units' test (examples/systemd).
+have systemd-analyze || { echo "setup: installing systemd (systemd-analyze)"; apt_install systemd; }
 
 # Node and Bun: napi-rs CLI and the Bun binary come from the lockfile.
 if [ ! -x bindings-node/node_modules/.bin/napi ] || [ ! -x bindings-node/node_modules/@oven/bun-linux-x64/bin/bun ]; then

@@ -107,3 +107,70 @@ def test_one_backend_per_database(tmp_path: pathlib.Path, servers: List[Server])
     assert health["previous_released_cleanly"] is False
     assert health["recovered"] == 2
     assert health["generation"] == first + 2
+
+
+WAITING_LIFESPAN = '''
+import contextlib, os
+from fastapi import FastAPI
+import sidelease
+
+@contextlib.asynccontextmanager
+async def lifespan(app):
+    lease = await sidelease.acquire_async(os.environ["APP_DB"], timeout=None)
+    print("started as the holder", flush=True)
+    try:
+        yield
+    finally:
+        lease.release()
+
+app = FastAPI(lifespan=lifespan)
+'''
+
+
+def test_a_lifespan_waiting_for_the_lease_does_not_stop_on_sigterm(tmp_path: pathlib.Path) -> None:
+    """What docs/howto/python-servers.md warns of: uvicorn hands SIGTERM and
+    SIGINT to a lifespan only once its startup has finished, so a standby
+    waiting there for the lease outlives both (under systemd, until
+    TimeoutStopSec's SIGKILL), and when the lease comes it runs its startup
+    as the holder before it shuts down."""
+    import sidelease
+
+    (tmp_path / "waiting.py").write_text(WAITING_LIFESPAN)
+    db = str(tmp_path / "app.db")
+    held = sidelease.acquire(db)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "waiting:app", "--host", "127.0.0.1",
+         "--port", str(free_port()), "--app-dir", str(tmp_path)],
+        env={**os.environ, "APP_DB": db}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + STEP
+        while not waiters(proc.pid, held):
+            assert time.monotonic() < deadline and proc.poll() is None, "the standby never waited"
+            time.sleep(0.05)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            proc.send_signal(sig)
+            time.sleep(1.0)
+            assert proc.poll() is None, f"{sig.name} stopped a lifespan waiting for the lease"
+        held.release()
+        code = proc.wait(STEP)
+        out, err = proc.communicate(timeout=STEP)
+        assert "started as the holder" in out and "Application startup complete" in err, (out, err)
+        assert code in (0, -signal.SIGTERM, -signal.SIGINT), code
+    finally:
+        held.release()
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=STEP)
+
+
+def waiters(pid: int, lease: Any) -> List[str]:
+    """The descriptors `pid` has open on the lease file: a waiter opened
+    it, so it is past its startup's import and in the wait."""
+    out = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == lease.lease_path:
+                out.append(fd)
+        except OSError:
+            pass
+    return out
