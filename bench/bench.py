@@ -129,8 +129,11 @@ def failover_of(d: str, target: str, how: str, n: int) -> Dict[str, Any]:
     """SIGKILL the process leading `target`, n times: nanoseconds until the
     next one's command runs. how="lead": `sidelease lead` campaigners (the
     command dies with its lead); how="hold": plain waiters,
-    `sidelease hold --timeout inf --no-inherit` (the baseline: the same
-    processes and command, no elector)."""
+    `sidelease hold --timeout inf --no-inherit` (the same processes and
+    command, no elector); how="flock -o": util-linux flock(1) blocking in
+    flock(2) on the lease file, the command started without the lock's
+    descriptor (the floor: a C waiter the kernel wakes as the killed
+    holder's descriptors close, then the same command)."""
     fifo = os.path.join(d, f"failover-{how}-{os.getpid()}-{time.monotonic_ns()}")
     os.mkfifo(fifo)
     rfd = os.open(fifo, os.O_RDWR)  # never EOF, never blocks a writer's open
@@ -140,6 +143,8 @@ def failover_of(d: str, target: str, how: str, n: int) -> Dict[str, Any]:
     elif how in ("python elector", "python acquire"):
         # The Python forms: one process is leader and work (no command).
         argv = [sys.executable, str(BENCH / "py/failover.py"), how.split()[1], target, fifo]
+    elif how == "flock -o":
+        argv = ["flock", "-o", f"{target}.backend-lease", "sh", "-c", WORK, "sh", fifo]
     else:
         args = ["lead", target] if how == "lead" else ["hold", "--timeout", "inf", "--no-inherit", target]
         argv = [CLI, *args, "--", "sh", "-c", WORK, "sh", fifo]
@@ -164,7 +169,7 @@ def failover_of(d: str, target: str, how: str, n: int) -> Dict[str, Any]:
             leader, cmd = map(int, reader.readline().split())
             lat.append(time.monotonic_ns() - t0)
             victim.wait()
-            if how == "hold":  # its command outlives it (nothing ends it)
+            if how in ("hold", "flock -o"):  # its command outlives it (nothing ends it)
                 os.kill(commands[-1], signal.SIGKILL)
             else:
                 commands.pop()  # ended with its leader
@@ -194,6 +199,9 @@ def failovers(d: str, n: int) -> Dict[str, Any]:
                                 ("PostgreSQL, confirm_within=300", pg + "&confirm_within=300", max(5, n // 3))):
         for how in ("lead", "hold", "rust elector", "python elector", "python acquire"):
             out[f"{kind}: sidelease {how}"] = failover_of(d, target, how, count)
+    # The floor of the file rows, in the same run (issue 38): a plain
+    # flock(1) waiter, woken by the kernel as the killed holder's lock goes.
+    out["file: flock -o"] = failover_of(d, f"{d}/failover.db", "flock -o", n)
     return out
 
 
@@ -370,8 +378,20 @@ def targets(r: Dict[str, Any]) -> List[Tuple[str, str, str]]:
     t = r["takeover"]["median_ns"]
     rows.append(("takeover from a SIGKILLed holder ≤ 5 ms median", f"{t / 1e6:.2f} ms", verdict(t <= 5_000_000)))
     f = r["failover"]
-    for kind, bound, shown in (("file", 5e6, "5 ms"), ("PostgreSQL", 1e9, "1 s"),
+    # A file target's failover is the kernel letting the killed leader's
+    # lock go, then the next one's wake and start: its target is a ratio to
+    # a plain flock(1) waiter's failover in the same run (issue 38), not a
+    # time (this machine's teardown varies with its load): at most 1.2× it.
+    floor = f["file: flock -o"]["median_ns"]
+    flock_said = f"`flock -o` {floor / 1e6:.1f} ms"
+    for kind, bound, shown in (("file", None, "1.2× `flock -o`'s"), ("PostgreSQL", 1e9, "1 s"),
                                ("PostgreSQL, confirm_within=300", 1e9, "1 s")):
+        def within(ns: float) -> bool:
+            return ns <= 1.2 * floor if bound is None else ns <= bound
+
+        def to_floor(ns: float) -> str:
+            return f"; {ns / floor:.2f}× {flock_said}" if bound is None else ""
+
         lead, hold = f[f"{kind}: sidelease lead"], f[f"{kind}: sidelease hold"]
         ratio = lead["median_ns"] / hold["median_ns"]
         # On PostgreSQL the killed leader on this host is provably gone, so
@@ -380,17 +400,18 @@ def targets(r: Dict[str, Any]) -> List[Tuple[str, str, str]]:
         target = f"median ≤ {shown}" if kind == "file" else "median ≤ 3× a plain `hold` waiter's"
         rows.append((f"failover, SIGKILL of the leader → the next one's command runs, {kind} target: {target}",
                      f"{lead['median_ns'] / 1e6:.1f} ms (p99 {lead['p99_ns'] / 1e6:.1f} ms; a plain `hold` waiter "
-                     f"{hold['median_ns'] / 1e6:.1f} ms, {ratio:.2f}×)",
-                     verdict(lead["median_ns"] <= bound if kind == "file" else ratio <= 3)))
+                     f"{hold['median_ns'] / 1e6:.1f} ms, {ratio:.2f}×{to_floor(lead['median_ns'])})",
+                     verdict(within(lead["median_ns"]) if kind == "file" else ratio <= 3)))
         re_ = f[f"{kind}: sidelease rust elector"]
         rows.append((f"failover, SIGKILL of the leader → the next one's work runs, the core's Elector (Rust), {kind} target: "
-                     f"median ≤ {shown}", f"{re_['median_ns'] / 1e6:.2f} ms (p99 {re_['p99_ns'] / 1e6:.2f} ms)",
-                     verdict(re_["median_ns"] <= bound)))
+                     f"median ≤ {shown}", f"{re_['median_ns'] / 1e6:.2f} ms (p99 {re_['p99_ns'] / 1e6:.2f} ms"
+                     f"{to_floor(re_['median_ns'])})",
+                     verdict(within(re_["median_ns"]))))
         pe, pa = f[f"{kind}: sidelease python elector"], f[f"{kind}: sidelease python acquire"]
         rows.append((f"failover, SIGKILL of the leader → the next one's work runs, Python Elector, {kind} target: median ≤ {shown}",
                      f"{pe['median_ns'] / 1e6:.1f} ms (p99 {pe['p99_ns'] / 1e6:.1f} ms; a plain `acquire(timeout=None)` "
-                     f"waiter {pa['median_ns'] / 1e6:.1f} ms, {pe['median_ns'] / pa['median_ns']:.2f}×)",
-                     verdict(pe["median_ns"] <= bound)))
+                     f"waiter {pa['median_ns'] / 1e6:.1f} ms, {pe['median_ns'] / pa['median_ns']:.2f}×{to_floor(pe['median_ns'])})",
+                     verdict(within(pe["median_ns"]))))
     ins = r["inspect"]["200 unrelated locks"]["median_ns"]
     rows.append(("inspect ≤ 100 µs with 200 unrelated locks", f"{us(ins):.1f} µs", verdict(ins <= 100_000)))
     for name, v in r["scale"].items():
