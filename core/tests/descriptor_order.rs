@@ -70,10 +70,6 @@ fn child_holds() {
 }
 
 #[test]
-#[cfg_attr(
-    feature = "portable",
-    ignore = "portable platform: no inotify instances, nothing is moved"
-)]
 fn a_held_lease_files_descriptor_is_above_every_inotify_instance() {
     let d = tempfile::tempdir().unwrap();
     let db = |n: &str| d.path().join(n);
