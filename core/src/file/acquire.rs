@@ -187,8 +187,6 @@ pub(crate) struct FilePending {
     /// the path no longer names, and opens the path again (see the wait in
     /// `try_acquire`).
     move_on_at: Option<Instant>,
-    /// The watch's instance, made before the first open (watch::prepare).
-    watching: Option<crate::file::watch::Attempt>,
 }
 
 impl FilePending {
@@ -209,7 +207,6 @@ impl FilePending {
             grace_until: None,
             grace_spent: Duration::ZERO,
             move_on_at: None,
-            watching: None,
         })
     }
 
@@ -245,9 +242,6 @@ impl FilePending {
             if self.open.is_none() {
                 if let Some(lease) = self.share_by_path()? {
                     return Ok(Some(lease));
-                }
-                if self.opts.watch && self.watching.is_none() {
-                    self.watching = crate::file::watch::prepare();
                 }
                 match self.open_file()? {
                     Opened::File(of) => {
@@ -477,6 +471,9 @@ impl FilePending {
     }
 
     fn open_file(&self) -> Result<Opened> {
+        if self.opts.watch {
+            crate::file::watch::prepare();
+        }
         let path = &self.spelled.lease;
         // NONBLOCK: a FIFO planted at the path, or a file lease (F_SETLEASE) on
         // the file, must not block the open (it changes nothing for a regular

@@ -72,7 +72,7 @@ impl FilePending {
         };
         // Numbered above every inotify instance of ours, so that when this
         // process is killed its lock is let go before any instance's
-        // teardown (watch::order). The watch's instance is made before
+        // teardown (watch::instance_fd). The watch's instance is made before
         // the open (watch::prepare): only a file opened below a waiter's
         // instance, or in a hole below the watch's, is moved (one fcntl and
         // one close).

@@ -36,7 +36,7 @@ use std::collections::HashMap;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::ptr;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -50,10 +50,7 @@ use crate::platform::mounts;
 use crate::registry::Key;
 use crate::service::Service;
 
-mod order;
 mod upkeep;
-
-pub(crate) use order::{above_instances, prepare, Attempt};
 
 /// How long a lease is held before its file is watched for writes too: a
 /// service holds its lease for hours, a loop of acquire and release for
@@ -329,8 +326,7 @@ impl Watcher {
         } else {
             Some(idle_since.unwrap_or(now))
         };
-        let expired = idle_since.is_some_and(|t| now >= t + LINGER)
-            && order::ATTEMPTS.load(Ordering::Acquire) == 0;
+        let expired = idle_since.is_some_and(|t| now >= t + LINGER);
         if st.stop || expired {
             let fds = if expired && !st.stop {
                 (st.events.take(), st.mounts.take())
@@ -481,6 +477,45 @@ impl Watcher {
         v.sort_by_key(|s| Arc::as_ptr(s) as usize);
         v.dedup_by(|a, b| Arc::ptr_eq(a, b));
         v
+    }
+}
+
+/// Make the watch's descriptors before a lease file is opened, so that the
+/// lease file's descriptor is numbered after them (see `instance_fd`).
+/// After the first acquisition, one atomic load.
+pub(crate) fn prepare() {
+    if INOTIFY_FD.load(Ordering::Acquire) >= 0 {
+        return;
+    }
+    if let Some(w) = watcher() {
+        let mut st = w.state();
+        if w.instance(&mut st).is_some() {
+            // The thread closes the instance once nothing has used it for a
+            // while: an attempt that is refused, or waits, makes no watch.
+            w.ensure_running(&mut st);
+        }
+    }
+}
+
+/// The watch's inotify instance, or -1. When a process ends, the kernel
+/// runs the last part of its descriptors' closes, the part that lets a
+/// flock go, in the reverse order of their numbers: an instance numbered
+/// above a held lease file is torn down first, and that teardown waits for
+/// an SRCU grace period (several ms, 10-20 under load here), all of it
+/// between a SIGKILL and the next holder's lock (issue 38's failover).
+pub(crate) fn instance_fd() -> i32 {
+    INOTIFY_FD.load(Ordering::Acquire)
+}
+
+/// A lease file's descriptor `fd` (listed in `slot`), renumbered above
+/// every inotify instance of ours when it is below one (`instance_fd`
+/// says why); the number to use.
+pub(crate) fn above_instances(fd: RawFd, slot: u32) -> RawFd {
+    let floor = instance_fd().max(crate::platform::notify::highest_instance());
+    if fd < floor {
+        crate::registry::raise_listed(fd, slot, floor + 1)
+    } else {
+        fd
     }
 }
 
