@@ -489,11 +489,7 @@ pub(crate) fn prepare() {
     }
     if let Some(w) = watcher() {
         let mut st = w.state();
-        if w.instance(&mut st).is_some() {
-            // The thread closes the instance once nothing has used it for a
-            // while: an attempt that is refused, or waits, makes no watch.
-            w.ensure_running(&mut st);
-        }
+        let _ = w.instance(&mut st);
     }
 }
 
