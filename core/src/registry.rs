@@ -386,35 +386,6 @@ pub(crate) fn open_listed(
     })
 }
 
-/// Renumber a descriptor listed by `open_listed` to the lowest free number
-/// at or above `floor`: a duplicate of the same open file (its lock goes
-/// with it), listed in the same slot, and the old number closed. Returns
-/// the number to use (the old one when no duplicate could be made).
-pub(crate) fn raise_listed(fd: RawFd, slot_index: u32, floor: RawFd) -> RawFd {
-    use std::os::fd::{BorrowedFd, IntoRawFd};
-    forkgate::window(|| {
-        // SAFETY: a listed descriptor, open for as long as its slot names it.
-        let old = unsafe { BorrowedFd::borrow_raw(fd) };
-        let Ok(new) = rustix::io::fcntl_dupfd_cloexec(old, floor) else {
-            return fd;
-        };
-        let new = new.into_raw_fd();
-        if slot(slot_index)
-            .compare_exchange(fd, new, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-        {
-            // SAFETY: the old number was ours and is closed once; the open
-            // file lives on as `new`.
-            unsafe { libc::close(fd) };
-            new
-        } else {
-            // SAFETY: just made, ours, closed once.
-            unsafe { libc::close(new) };
-            fd
-        }
-    })
-}
-
 /// Unlist and close a descriptor listed by `open_listed` (a no-op in a
 /// forked child, where the fork handler closed it).
 pub(crate) fn close_listed(fd: RawFd, slot: u32) {

@@ -1,7 +1,7 @@
 //! The inotify instances a process keeps: a user may have only 128, so one
-//! for the held leases' watch (made at the first acquisition attempt), two
-//! for every wait together (the first wait polls its own), and none once
-//! the process has neither held nor waited for a while. Alone in its own
+//! for the held leases' watch, two for every wait together (the first wait
+//! polls its own), and none once the process has neither held nor waited
+//! for a while. Alone in its own
 //! test binary, because it counts this process's instances.
 
 use std::fs::File;
@@ -86,11 +86,8 @@ fn one_instance_per_role_and_none_when_idle() {
         })
         .collect();
     thread::sleep(Duration::from_millis(500));
-    // One for the first wait (which polls it itself), one for the others,
-    // and the holder's watch: made before a lease file is first opened, so
-    // that a held lease file is numbered above it (docs/algorithm.md, "A
-    // killed holder's lock").
-    assert_eq!(instances(), 3, "every wait on two instances, and the watch's");
+    // One for the first wait (which polls it itself), one for the others.
+    assert_eq!(instances(), 2, "every wait on two instances");
     let start = Instant::now();
     drop(hand);
     let leases: Vec<Lease> = waiters

@@ -471,9 +471,6 @@ impl FilePending {
     }
 
     fn open_file(&self) -> Result<Opened> {
-        if self.opts.watch {
-            crate::file::watch::prepare();
-        }
         let path = &self.spelled.lease;
         // NONBLOCK: a FIFO planted at the path, or a file lease (F_SETLEASE) on
         // the file, must not block the open (it changes nothing for a regular

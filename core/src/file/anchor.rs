@@ -246,8 +246,7 @@ fn reanchor(shared: &Arc<Shared>, path: &Path, replaced: bool) -> Outcome {
             return failing(shared, "the file kept being replaced");
         }
         let (fd, slot, writable) = match open_for_anchor(path, &shared.target, &shared.access) {
-            // Above our inotify instances, as an acquisition's (claim).
-            Ok((fd, slot, w)) => (watch::above_instances(fd, slot), slot, w),
+            Ok(r) => r,
             Err(e) => {
                 drop(st);
                 drop(flight);

@@ -57,28 +57,17 @@ struct Claim {
 impl FilePending {
     /// The open file is locked: claim it, check it, guard it, hold it.
     pub(super) fn claim(&mut self, flight: Flight) -> Result<Claimed> {
-        let watching = self.opts.watch;
-        let Some(of) = self.open.as_mut() else {
+        let Some(of) = self.open.as_ref() else {
             return Err(Error::invalid("lease", "no open lease file"));
         };
         let key = of.key;
         faults::step("acquire.locked");
         // Watch before the identity check: a replacement after the check
         // is then an event for the holder's watch.
-        let ticket = if watching {
+        let ticket = if self.opts.watch {
             watch::begin(of.fd())
         } else {
             None
-        };
-        // Numbered above every inotify instance of ours, so that when this
-        // process is killed its lock is let go before any instance's
-        // teardown (watch::instance_fd). The watch's instance is made before
-        // the open (watch::prepare): only a file opened below a waiter's
-        // instance, or in a hole below the watch's, is moved (one fcntl and
-        // one close).
-        of.fd = watch::above_instances(of.fd, of.slot);
-        let Some(of) = self.open.as_ref() else {
-            return Err(Error::invalid("lease", "no open lease file"));
         };
         let bytes = process::read_at_most(of.fd(), of.size, record::RECORD_MAX_BYTES)
             .map_err(|e| Error::io("pread", &of.canon, e))?;

@@ -34,7 +34,7 @@
 
 use std::collections::HashMap;
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
@@ -477,41 +477,6 @@ impl Watcher {
         v.sort_by_key(|s| Arc::as_ptr(s) as usize);
         v.dedup_by(|a, b| Arc::ptr_eq(a, b));
         v
-    }
-}
-
-/// Make the watch's descriptors before a lease file is opened, so that the
-/// lease file's descriptor is numbered after them (see `instance_fd`).
-/// After the first acquisition, one atomic load.
-pub(crate) fn prepare() {
-    if INOTIFY_FD.load(Ordering::Acquire) >= 0 {
-        return;
-    }
-    if let Some(w) = watcher() {
-        let mut st = w.state();
-        let _ = w.instance(&mut st);
-    }
-}
-
-/// The watch's inotify instance, or -1. When a process ends, the kernel
-/// runs the last part of its descriptors' closes, the part that lets a
-/// flock go, in the reverse order of their numbers: an instance numbered
-/// above a held lease file is torn down first, and that teardown waits for
-/// an SRCU grace period (several ms, 10-20 under load here), all of it
-/// between a SIGKILL and the next holder's lock (issue 38's failover).
-pub(crate) fn instance_fd() -> i32 {
-    INOTIFY_FD.load(Ordering::Acquire)
-}
-
-/// A lease file's descriptor `fd` (listed in `slot`), renumbered above
-/// every inotify instance of ours when it is below one (`instance_fd`
-/// says why); the number to use.
-pub(crate) fn above_instances(fd: RawFd, slot: u32) -> RawFd {
-    let floor = instance_fd().max(crate::platform::notify::highest_instance());
-    if fd < floor {
-        crate::registry::raise_listed(fd, slot, floor + 1)
-    } else {
-        fd
     }
 }
 

@@ -104,8 +104,6 @@ static ABANDONED: AtomicPtr<Hub> = AtomicPtr::new(ptr::null_mut());
 static INOTIFY_FD: AtomicI32 = AtomicI32::new(-1);
 static CTL_FD: [AtomicI32; 2] = [const { AtomicI32::new(-1) }; 2];
 static SPARE_FD: AtomicI32 = AtomicI32::new(-1);
-/// The spare while a wait has it.
-static LENT_FD: AtomicI32 = AtomicI32::new(-1);
 static CREATE: Mutex<()> = Mutex::new(());
 
 fn hub() -> Option<&'static Hub> {
@@ -356,7 +354,6 @@ impl ChangeWatch {
                 None => inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK).ok(),
             };
             if let Some(fd) = spare {
-                LENT_FD.store(fd.as_raw_fd(), Ordering::Release);
                 st.spare.lent = true;
                 // The thread closes the spare once nobody has used it for a while.
                 hub.ensure_running(&mut st);
@@ -487,7 +484,6 @@ impl Drop for ChangeWatch {
         if let Some(fd) = self.direct.take() {
             // Back to the hub; its watches are removed by the thread.
             let now = Instant::now();
-            LENT_FD.store(-1, Ordering::Release);
             SPARE_FD.store(fd.as_raw_fd(), Ordering::Release);
             st.spare.idle = Some(fd);
             st.spare.lent = false;
@@ -532,16 +528,6 @@ pub(crate) fn resume() {
     if st.inotify.is_some() || st.spare.idle.is_some() || st.spare.lent {
         h.ensure_running(&mut st);
     }
-}
-
-/// The highest number among the hub's inotify instances open now (its own,
-/// the spare, idle or lent), or -1: a lease file's descriptor is moved
-/// above it (`file::watch::instance_fd` says why).
-pub fn highest_instance() -> i32 {
-    INOTIFY_FD
-        .load(Ordering::Acquire)
-        .max(SPARE_FD.load(Ordering::Acquire))
-        .max(LENT_FD.load(Ordering::Acquire))
 }
 
 /// How many inotify instances the hub holds now (0 or 1).
