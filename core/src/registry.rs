@@ -35,6 +35,12 @@ type Chunk = [AtomicI32; CHUNK];
 /// allocated (in the parent, under the registry lock) when first needed and
 /// never freed.
 static SLOTS: [AtomicPtr<Chunk>; CHUNKS] = [const { AtomicPtr::new(ptr::null_mut()) }; CHUNKS];
+/// Beside each slot, the first number of a descriptor `raise_listed` moved
+/// up, kept open (a second descriptor of the same open file) until the slot
+/// is released, so that moving leaves no free number below the library's
+/// inotify instances for the process's next open to take (see
+/// `raise_listed`). Allocated with the slot's chunk.
+static KEPT: [AtomicPtr<Chunk>; CHUNKS] = [const { AtomicPtr::new(ptr::null_mut()) }; CHUNKS];
 static REGISTRY: AtomicPtr<Registry> = AtomicPtr::new(ptr::null_mut());
 static ABANDONED: AtomicPtr<Registry> = AtomicPtr::new(ptr::null_mut());
 static EPOCH: AtomicU64 = AtomicU64::new(0);
@@ -131,7 +137,7 @@ pub(crate) fn get() -> &'static Registry {
 /// inherited (never `LOCK_UN`: the lock belongs to the open file description
 /// the parent still has), start a new epoch, forget the registry.
 pub(crate) fn after_fork_in_child() {
-    for chunk in &SLOTS {
+    for chunk in SLOTS.iter().chain(KEPT.iter()) {
         // SAFETY: chunks are never freed.
         if let Some(chunk) = unsafe { chunk.load(Ordering::Acquire).as_ref() } {
             for slot in chunk.iter() {
@@ -156,6 +162,14 @@ fn slot(index: u32) -> &'static AtomicI32 {
     // SAFETY: a slot index is only handed out after its chunk was installed,
     // and chunks are never freed.
     let chunk = unsafe { &*SLOTS[c].load(Ordering::Acquire) };
+    &chunk[i]
+}
+
+fn kept(index: u32) -> &'static AtomicI32 {
+    let (c, i) = (index as usize / CHUNK, index as usize % CHUNK);
+    // SAFETY: installed with the slot's chunk (before its first index was
+    // handed out) and never freed.
+    let chunk = unsafe { &*KEPT[c].load(Ordering::Acquire) };
     &chunk[i]
 }
 
@@ -205,6 +219,8 @@ impl Registry {
                 }
                 let c = i as usize / CHUNK;
                 if SLOTS[c].load(Ordering::Acquire).is_null() {
+                    let kept: Box<Chunk> = Box::new([const { AtomicI32::new(-1) }; CHUNK]);
+                    KEPT[c].store(Box::into_raw(kept), Ordering::Release);
                     let chunk: Box<Chunk> = Box::new([const { AtomicI32::new(-1) }; CHUNK]);
                     SLOTS[c].store(Box::into_raw(chunk), Ordering::Release);
                 }
@@ -216,13 +232,19 @@ impl Registry {
         Ok(index)
     }
 
-    /// Take a descriptor back from the fork handler's table. Returns false
-    /// when the handler already closed it (this is a forked child).
+    /// Take a descriptor back from the fork handler's table, closing the
+    /// number kept beside it (if any). Returns false when the handler
+    /// already closed them (this is a forked child).
     fn release_slot(&self, index: u32, fd: RawFd) -> bool {
         let owned = slot(index)
             .compare_exchange(fd, -1, Ordering::AcqRel, Ordering::Acquire)
             .is_ok();
         if owned {
+            let first = kept(index).swap(-1, Ordering::AcqRel);
+            if first >= 0 {
+                // SAFETY: a number `raise_listed` kept, ours, closed once.
+                unsafe { libc::close(first) };
+            }
             self.slots
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -382,6 +404,45 @@ pub(crate) fn open_listed(
                 unsafe { libc::close(fd) };
                 Ok(Err(e))
             }
+        }
+    })
+}
+
+/// Renumber a descriptor listed by `open_listed` to the lowest free number
+/// at or above `floor`: a duplicate of the same open file (its lock goes
+/// with it, and is let go when the last of the two is), listed in the same
+/// slot. The old number stays open beside it until the slot is released:
+/// closed, it would be a free number below `floor` that the process's next
+/// open takes, and a lock taken there after the lease (a leader's own lock)
+/// would be let go after the lease when the process is killed, and after the
+/// teardown of the instances in between. Returns the number to use (the
+/// old one when no duplicate could be made).
+pub(crate) fn raise_listed(fd: RawFd, slot_index: u32, floor: RawFd) -> RawFd {
+    use std::os::fd::{BorrowedFd, IntoRawFd};
+    forkgate::window(|| {
+        // SAFETY: a listed descriptor, open for as long as its slot names it.
+        let old = unsafe { BorrowedFd::borrow_raw(fd) };
+        let Ok(new) = rustix::io::fcntl_dupfd_cloexec(old, floor) else {
+            return fd;
+        };
+        let new = new.into_raw_fd();
+        if slot(slot_index)
+            .compare_exchange(fd, new, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            // A file is moved once, when its claim is won (acquire's
+            // `register`, anchor's open); were one moved again, its first
+            // kept number is closed here rather than leaked.
+            let before = kept(slot_index).swap(fd, Ordering::AcqRel);
+            if before >= 0 {
+                // SAFETY: a number kept by an earlier raise, ours, closed once.
+                unsafe { libc::close(before) };
+            }
+            new
+        } else {
+            // SAFETY: just made, ours, closed once.
+            unsafe { libc::close(new) };
+            fd
         }
     })
 }

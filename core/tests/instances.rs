@@ -1,7 +1,7 @@
 //! The inotify instances a process keeps: a user may have only 128, so one
-//! for the held leases' watch, two for every wait together (the first wait
-//! polls its own), and none once the process has neither held nor waited
-//! for a while. Alone in its own
+//! for the held leases' watch (made at the first acquisition attempt), two
+//! for every wait together (the first wait polls its own), and none once
+//! the process has neither held nor waited for a while. Alone in its own
 //! test binary, because it counts this process's instances.
 
 use std::fs::File;
@@ -48,6 +48,21 @@ fn one_instance_per_role_and_none_when_idle() {
     let idle_bound = Duration::from_secs(10);
     assert_eq!(instances(), 0);
 
+    // A refused attempt makes the watch's instance (before its open: a
+    // lease file is numbered above it) and leaves it to the watcher, which
+    // closes it once idle.
+    let busy = lock_by_hand(&d.path().join("busy.db.backend-lease"));
+    assert!(Lease::acquire(d.path().join("busy.db"), &Options::new()).is_err());
+    eventually(
+        "a refused attempt's instance closed once idle",
+        idle_bound,
+        || instances() == 0 && sidelease::watch::inotify_instances() == 0,
+    );
+    eventually("the watcher thread ended", idle_bound, || {
+        !sidelease::watch::is_running()
+    });
+    drop(busy);
+
     // Holding: the holder's watch, one instance.
     let lease = Lease::acquire(d.path().join("held.db"), &Options::new()).unwrap();
     assert_eq!(instances(), 1);
@@ -86,8 +101,15 @@ fn one_instance_per_role_and_none_when_idle() {
         })
         .collect();
     thread::sleep(Duration::from_millis(500));
-    // One for the first wait (which polls it itself), one for the others.
-    assert_eq!(instances(), 2, "every wait on two instances");
+    // One for the first wait (which polls it itself), one for the others,
+    // and the holder's watch: made before a lease file is first opened, so
+    // that a held lease file is numbered above it (docs/algorithm.md, "A
+    // killed holder's lock").
+    assert_eq!(
+        instances(),
+        3,
+        "every wait on two instances, and the watch's"
+    );
     let start = Instant::now();
     drop(hand);
     let leases: Vec<Lease> = waiters

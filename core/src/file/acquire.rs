@@ -187,6 +187,8 @@ pub(crate) struct FilePending {
     /// the path no longer names, and opens the path again (see the wait in
     /// `try_acquire`).
     move_on_at: Option<Instant>,
+    /// The watch's instance, made before the first open (watch::prepare).
+    watching: Option<crate::file::watch::Attempt>,
 }
 
 impl FilePending {
@@ -207,6 +209,7 @@ impl FilePending {
             grace_until: None,
             grace_spent: Duration::ZERO,
             move_on_at: None,
+            watching: None,
         })
     }
 
@@ -242,6 +245,9 @@ impl FilePending {
             if self.open.is_none() {
                 if let Some(lease) = self.share_by_path()? {
                     return Ok(Some(lease));
+                }
+                if self.opts.watch && self.watching.is_none() {
+                    self.watching = crate::file::watch::prepare();
                 }
                 match self.open_file()? {
                     Opened::File(of) => {

@@ -246,7 +246,8 @@ fn reanchor(shared: &Arc<Shared>, path: &Path, replaced: bool) -> Outcome {
             return failing(shared, "the file kept being replaced");
         }
         let (fd, slot, writable) = match open_for_anchor(path, &shared.target, &shared.access) {
-            Ok(r) => r,
+            // Above our inotify instances, as an acquisition's (claim).
+            Ok((fd, slot, w)) => (watch::above_instances(fd, slot), slot, w),
             Err(e) => {
                 drop(st);
                 drop(flight);

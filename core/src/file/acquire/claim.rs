@@ -262,6 +262,17 @@ impl FilePending {
             .open
             .take()
             .ok_or_else(|| Error::invalid("lease", "no open lease file"))?;
+        // Numbered above every inotify instance of ours, so that when this
+        // process is killed its lock is let go before any instance's
+        // teardown (watch::order). The watch's instance is made before
+        // the open (watch::prepare): only a file opened below a waiter's
+        // instance, or in a hole below the watch's, is moved (one fcntl,
+        // and one close at release). Here, once the claim is won, so that
+        // a file is moved once: a claim given up for a grace or a refusal
+        // keeps its file and claims it again later, when more instances
+        // may be open.
+        let mut of = of;
+        of.fd = watch::above_instances(of.fd, of.slot);
         let key = of.key;
         let access = of.access;
         // The previous record as it was written (it parsed, so it is JSON).

@@ -34,9 +34,9 @@
 
 use std::collections::HashMap;
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::ptr;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -50,7 +50,10 @@ use crate::platform::mounts;
 use crate::registry::Key;
 use crate::service::Service;
 
+mod order;
 mod upkeep;
+
+pub(crate) use order::{above_instances, prepare, Attempt};
 
 /// How long a lease is held before its file is watched for writes too: a
 /// service holds its lease for hours, a loop of acquire and release for
@@ -326,7 +329,8 @@ impl Watcher {
         } else {
             Some(idle_since.unwrap_or(now))
         };
-        let expired = idle_since.is_some_and(|t| now >= t + LINGER);
+        let expired = idle_since.is_some_and(|t| now >= t + LINGER)
+            && order::ATTEMPTS.load(Ordering::Acquire) == 0;
         if st.stop || expired {
             let fds = if expired && !st.stop {
                 (st.events.take(), st.mounts.take())

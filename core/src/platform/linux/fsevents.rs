@@ -34,6 +34,36 @@ pub struct Event {
     pub(super) flags: ReadFlags,
 }
 
+/// Whether a held lease file's descriptor is to be numbered above the
+/// instances (`file::watch::order` says why). A dying process's
+/// deferred closes run newest first, so from the highest descriptor down,
+/// since task_work lost its FIFO order (Linux 5.7, "task_work: remove fifo
+/// ordering guarantee"); before, oldest first, and a file opened before the
+/// instances already went first. Said only from 5.10, the first long-term
+/// kernel past that change: before it, nothing is moved (as it was).
+pub fn held_files_go_above() -> bool {
+    use std::sync::atomic::{AtomicU8, Ordering};
+    static KNOWN: AtomicU8 = AtomicU8::new(0); // 0 unknown, 1 no, 2 yes
+    match KNOWN.load(Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => {
+            let uname = rustix::system::uname();
+            let yes = kernel_at_least(&uname.release().to_string_lossy(), (5, 10));
+            KNOWN.store(if yes { 2 } else { 1 }, Ordering::Relaxed);
+            yes
+        }
+    }
+}
+
+/// Whether a kernel release (`6.1.0-18-amd64`, `5.4.0`) is `min` or later.
+fn kernel_at_least(release: &str, min: (u32, u32)) -> bool {
+    let mut it = release.split(|c: char| !c.is_ascii_digit());
+    let major = it.next().and_then(|x| x.parse::<u32>().ok());
+    let minor = it.next().and_then(|x| x.parse::<u32>().ok());
+    matches!((major, minor), (Some(a), Some(b)) if (a, b) >= min)
+}
+
 /// A new instance, or `None` when none can be had (the user's limit of
 /// instances is spent): the caller then polls.
 pub fn open() -> Option<OwnedFd> {
@@ -82,5 +112,19 @@ pub fn read(instance: BorrowedFd<'_>, buf: &mut [MaybeUninit<u8>], mut each: imp
             written: flags.contains(ReadFlags::MODIFY),
             flags,
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_releases_compare() {
+        assert!(kernel_at_least("6.18.44-fc-v1300", (5, 10)));
+        assert!(kernel_at_least("5.10.0-28-amd64", (5, 10)));
+        assert!(!kernel_at_least("5.4.0-150-generic", (5, 10)));
+        assert!(!kernel_at_least("4.18.0-513.el8.x86_64", (5, 10)));
+        assert!(!kernel_at_least("garbage", (5, 10)));
     }
 }

@@ -104,6 +104,9 @@ static ABANDONED: AtomicPtr<Hub> = AtomicPtr::new(ptr::null_mut());
 static INOTIFY_FD: AtomicI32 = AtomicI32::new(-1);
 static CTL_FD: [AtomicI32; 2] = [const { AtomicI32::new(-1) }; 2];
 static SPARE_FD: AtomicI32 = AtomicI32::new(-1);
+/// The spare's number, idle or lent, from its making to its closing: one
+/// atomic, so that no reading of it misses the spare as it changes hands.
+static SPARE_ANY: AtomicI32 = AtomicI32::new(-1);
 static CREATE: Mutex<()> = Mutex::new(());
 
 fn hub() -> Option<&'static Hub> {
@@ -176,6 +179,7 @@ impl Hub {
                 let mut unlent = None;
                 if !st.stop && st.spare.returned.is_some_and(|t| now >= t + LINGER) {
                     SPARE_FD.store(-1, Ordering::Release);
+                    SPARE_ANY.store(-1, Ordering::Release);
                     st.spare.returned = None;
                     st.spare.leftover.clear();
                     unlent = st.spare.idle.take();
@@ -194,6 +198,7 @@ impl Hub {
                     let fds = if idle && !st.stop {
                         INOTIFY_FD.store(-1, Ordering::Release);
                         SPARE_FD.store(-1, Ordering::Release);
+                        SPARE_ANY.store(-1, Ordering::Release);
                         (st.inotify.take(), st.spare.idle.take())
                     } else {
                         (None, None)
@@ -354,6 +359,7 @@ impl ChangeWatch {
                 None => inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK).ok(),
             };
             if let Some(fd) = spare {
+                SPARE_ANY.store(fd.as_raw_fd(), Ordering::Release);
                 st.spare.lent = true;
                 // The thread closes the spare once nobody has used it for a while.
                 hub.ensure_running(&mut st);
@@ -530,6 +536,15 @@ pub(crate) fn resume() {
     }
 }
 
+/// The highest number among the hub's inotify instances open now (its own,
+/// the spare, idle or lent), or -1: a lease file's descriptor is moved
+/// above it (`file::watch::order` says why).
+pub fn highest_instance() -> i32 {
+    INOTIFY_FD
+        .load(Ordering::Acquire)
+        .max(SPARE_ANY.load(Ordering::Acquire))
+}
+
 /// How many inotify instances the hub holds now (0 or 1).
 pub fn instances() -> usize {
     // SAFETY: a leaked box, never freed.
@@ -547,7 +562,9 @@ pub(crate) fn after_fork_in_child() {
         h.dead.store(true, Ordering::Release);
         ABANDONED.store(old, Ordering::Release);
     }
-    // (A spare lent to a wait is that wait's own descriptor.)
+    // (A spare lent to a wait is that wait's own descriptor: not closed,
+    // only forgotten.)
+    SPARE_ANY.store(-1, Ordering::Release);
     for fd in [&INOTIFY_FD, &CTL_FD[0], &CTL_FD[1], &SPARE_FD] {
         let raw = fd.swap(-1, Ordering::AcqRel);
         if raw >= 0 {

@@ -398,6 +398,11 @@ fn find_fd(
         FdScan::Denied => return FdScan::Denied,
         FdScan::Gone => return FdScan::Gone,
     };
+    // Highest first: a lease file sidelease holds is numbered above the
+    // library's own descriptors (file::watch::order), so it is found
+    // without a look at each of those.
+    let mut fds = fds;
+    fds.sort_unstable_by(|a, b| b.cmp(a));
     for fd in fds {
         let Ok(st) = crate::platform::stat::stat(format!("/proc/{pid}/fd/{fd}")) else {
             continue;

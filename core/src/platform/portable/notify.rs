@@ -38,4 +38,9 @@ pub fn instances() -> usize {
     0
 }
 
+/// No instance: nothing a lease file's descriptor must be numbered above.
+pub fn highest_instance() -> i32 {
+    -1
+}
+
 pub(crate) fn after_fork_in_child() {}
