@@ -23,6 +23,10 @@
  * What every fallible function returns. Numbers are fixed and never reused.
  */
 typedef enum {
+  /**
+   * Success: the function did what it says and wrote its out-parameters
+   * (they are written only on success).
+   */
   SIDELEASE_OK = 0,
   /**
    * Another process (or another copy of the library) holds the lease.

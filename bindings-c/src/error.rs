@@ -12,6 +12,8 @@ use crate::strings::copy_out;
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum sidelease_status {
+    /// Success: the function did what it says and wrote its out-parameters
+    /// (they are written only on success).
     SIDELEASE_OK = 0,
     /// Another process (or another copy of the library) holds the lease.
     SIDELEASE_ERR_IN_USE = 1,

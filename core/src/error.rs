@@ -40,23 +40,40 @@ pub enum Error {
     Timeout(Box<Contention>),
     /// The lease directory is on a filesystem where `flock` cannot be trusted.
     UnsupportedFilesystem {
+        /// The directory whose filesystem was refused.
         path: PathBuf,
+        /// The filesystem's name (`nfs`, `cifs`, ...; "an unknown
+        /// filesystem" when the magic is not in the table).
         fstype: String,
+        /// The filesystem's magic number, as `statfs` reports it.
         magic: u32,
     },
     /// A caller-supplied value is not acceptable; `argument` names it.
     InvalidArgument {
+        /// The argument, as the options and the docs spell it (`target`,
+        /// `timeout`, `metadata`, ...).
         argument: &'static str,
+        /// What is wrong with it.
         message: String,
     },
     /// A system call failed; `syscall` and `path` say where.
     Io {
+        /// The system call that failed (`open`, `flock`, ...), or for a
+        /// PostgreSQL lease the step (`connect`, `heartbeat`, ...).
         syscall: &'static str,
+        /// The path it was called on; for a PostgreSQL lease, its URL with
+        /// the password masked.
         path: PathBuf,
+        /// The OS error (its `raw_os_error` is the errno), or the server's
+        /// or driver's error in words.
         source: io::Error,
     },
     /// The wait was cancelled through its [`crate::CancelToken`].
-    Cancelled { lease_path: PathBuf },
+    Cancelled {
+        /// The lease file waited for; for a PostgreSQL lease, its URL with
+        /// the password masked.
+        lease_path: PathBuf,
+    },
     /// A held lease was lost (see [`crate::Lease::ensure_held`]): its file
     /// was replaced or deleted and another process holds the lease file now,
     /// or it could not be put back.
@@ -66,6 +83,8 @@ pub enum Error {
 /// Why a held lease is no longer whole.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lost {
+    /// The lease file that was lost; for a PostgreSQL lease, its URL with
+    /// the password masked.
     pub lease_path: PathBuf,
     /// What happened, naming the other holder when there is one.
     pub reason: String,
@@ -84,17 +103,25 @@ impl fmt::Display for Lost {
     }
 }
 
+/// `std::result::Result` with sidelease's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// The stable, language-neutral name of each error kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorKind {
+    /// [`Error::InUse`]: `in_use`.
     InUse,
+    /// [`Error::Timeout`]: `timeout`.
     Timeout,
+    /// [`Error::UnsupportedFilesystem`]: `unsupported_fs`.
     UnsupportedFilesystem,
+    /// [`Error::InvalidArgument`]: `invalid_argument`.
     InvalidArgument,
+    /// [`Error::Io`]: `io`.
     Io,
+    /// [`Error::Cancelled`]: `cancelled`.
     Cancelled,
+    /// [`Error::Lost`]: `lost`.
     Lost,
 }
 
@@ -114,6 +141,7 @@ impl ErrorKind {
 }
 
 impl Error {
+    /// Which kind of error this is, without its details.
     pub fn kind(&self) -> ErrorKind {
         match self {
             Error::InUse(_) => ErrorKind::InUse,

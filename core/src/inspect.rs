@@ -16,10 +16,15 @@ use crate::options::Options;
 use crate::platform::Missing;
 use crate::record::{self, Record};
 
+/// Whether the lease is held, as the kernel (or the server) says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum State {
+    /// Nobody holds it (nor a former lease file of it).
     Free,
+    /// Someone holds the lease file at the path (for a PostgreSQL lease:
+    /// a server session holds its advisory lock); `holders` says who when
+    /// the kernel's table of locks names them.
     Held,
     /// A live process still holds a former lease file (deleted, moved away,
     /// or reached through another mount) and does not hold the current one.
@@ -49,7 +54,11 @@ pub enum RecordStatus {
     Released,
     /// Another host or PID namespace: not judged.
     Foreign,
+    /// Nothing to judge: no lease file, or one nothing was ever written
+    /// into (for a PostgreSQL lease: no holder row).
     Empty,
+    /// The lease file could not be read by this user, or its bytes are not a
+    /// record (torn, corrupted, foreign, too long).
     Unreadable,
     /// The record lacks what a judgement needs (no PID, no start time), or
     /// the kernel view is missing: cannot tell.
@@ -57,6 +66,8 @@ pub enum RecordStatus {
 }
 
 impl State {
+    /// Lower-case name used in JSON answers and by the CLI (`free`, `held`,
+    /// `split`, `unknown`).
     pub fn as_str(self) -> &'static str {
         match self {
             State::Free => "free",
@@ -68,6 +79,8 @@ impl State {
 }
 
 impl RecordStatus {
+    /// Kebab-case name used in JSON answers and by the CLI (`live`, `self`,
+    /// `image-replaced`, ...).
     pub fn as_str(self) -> &'static str {
         match self {
             RecordStatus::Live => "live",
@@ -83,13 +96,26 @@ impl RecordStatus {
     }
 }
 
+/// Who holds a lease and what its record is worth: the answer of
+/// [`inspect()`].
 #[derive(Debug, Clone)]
 pub struct Inspection {
+    /// The target the lease protects (for a PostgreSQL lease, its URL with
+    /// the password masked).
     pub target: PathBuf,
+    /// The lease file, canonical (for a PostgreSQL lease, the masked URL).
     pub lease_path: PathBuf,
+    /// Whether it is held.
     pub state: State,
+    /// PIDs the kernel reports as holding the lease file at the path (this
+    /// process's PID namespace). Empty when nobody holds it, when the
+    /// platform has no table of locks, and for a PostgreSQL lease (see
+    /// `server`).
     pub holders: Vec<u32>,
+    /// The holder record in the lease file (or the holder row); `None` when
+    /// there is none or it is unreadable (see `record_status`).
     pub record: Option<Record>,
+    /// What `record` is worth.
     pub record_status: RecordStatus,
     /// Former lease files (deleted, moved away, mounted over) held by a
     /// process that does not hold the file at the path: the lease is split.
@@ -97,6 +123,10 @@ pub struct Inspection {
     /// Former lease files the holder of the file at the path keeps locked
     /// since it put the lease file back (not a split: its own).
     pub former: Vec<Orphan>,
+    /// Exclusive `flock` locks on the machine this reader could not
+    /// attribute (their holder's descriptors were not readable by this
+    /// user, or no visible process holds them): any of them may be a former
+    /// lease file, so while there are some, `state` may be `unknown`.
     pub unattributed: usize,
     /// For a PostgreSQL lease: the server session holding the lock.
     pub server: Option<ServerHolder>,
@@ -111,8 +141,13 @@ pub struct Inspection {
 /// application name only where this user may see them).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct ServerHolder {
+    /// The server process of the session (`pg_backend_pid()` there).
     pub backend_pid: u32,
+    /// The client's address; `None` over a Unix socket or where this user
+    /// may not see it.
     pub client_addr: Option<String>,
+    /// The session's `application_name` (a sidelease session's is
+    /// `sidelease PID@HOST NAME`); `None` where this user may not see it.
     pub application_name: Option<String>,
     /// Whether the session is encrypted (TLS), as the server says.
     pub encrypted: Option<bool>,

@@ -330,6 +330,8 @@ pub enum Check {
 }
 
 impl Check {
+    /// The name used in JSON answers and by the CLI (`held`, `unlinked`,
+    /// `replaced`).
     pub fn as_str(self) -> &'static str {
         match self {
             Check::Held => "held",
@@ -352,6 +354,8 @@ pub enum LeaseState {
 }
 
 impl LeaseState {
+    /// The name used in JSON answers and by the bindings (`held`, `lost`,
+    /// `released`).
     pub fn as_str(&self) -> &'static str {
         match self {
             LeaseState::Held => "held",
@@ -597,10 +601,14 @@ impl Lease {
         self.shared.hold.engine() == crate::backend::Engine::Pg
     }
 
+    /// The lease file, canonical (for a PostgreSQL lease, its URL with the
+    /// password masked).
     pub fn lease_path(&self) -> &Path {
         &self.shared.lease_path
     }
 
+    /// The path the lease protects: the lease file's path without its
+    /// suffix (for a PostgreSQL lease, the masked URL).
     pub fn target(&self) -> &Path {
         &self.shared.target
     }

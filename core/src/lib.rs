@@ -21,6 +21,8 @@
 //!
 //! This crate is the one core the C, Python, Node and Bun surfaces share.
 
+#![warn(missing_docs)]
+
 mod backend;
 pub mod elector;
 mod error;
@@ -34,6 +36,9 @@ mod options;
 mod path;
 mod pending;
 pub mod pg;
+// Support for the sibling crates (CLI, bindings, test agents) and tests, not
+// the API: may change without notice.
+#[doc(hidden)]
 pub mod platform;
 pub mod record;
 mod registry;
@@ -41,6 +46,9 @@ mod service;
 
 pub use error::{os_message as error_text, Contention, Error, ErrorKind, Lost, Result};
 pub use file::guard::Orphan;
+// Support for the bindings and tests (pausing the watcher around a fork,
+// counting inotify instances), not the API: may change without notice.
+#[doc(hidden)]
 pub use file::watch;
 pub use inspect::{inspect, Inspection, RecordStatus, ServerHolder, State};
 pub use lease::{on_any_lost, Check, Lease, LeaseState};
@@ -52,4 +60,5 @@ pub use registry::MAX_LEASES;
 
 /// `sidelease X.Y.Z`, as written in every record.
 pub const LIBRARY: &str = concat!("sidelease ", env!("CARGO_PKG_VERSION"));
+/// This library's version, `X.Y.Z` (the crate's version).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

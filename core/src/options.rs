@@ -7,6 +7,8 @@ use serde_json::{Map, Value};
 use crate::error::{Error, Result};
 use crate::record;
 
+/// The lease file's default suffix: `app.db` is leased through
+/// `app.db.backend-lease`.
 pub const DEFAULT_SUFFIX: &str = ".backend-lease";
 
 /// How long `acquire` may wait for a held lease.
@@ -54,6 +56,7 @@ impl Wait {
 pub struct Options {
     /// Appended to the resolved target to name the lease file.
     pub suffix: String,
+    /// How long `acquire` waits for a held lease (one attempt by default).
     pub wait: Wait,
     /// The caller's own JSON object, stored in the record.
     pub metadata: Option<Map<String, Value>>,
@@ -92,46 +95,60 @@ impl Default for Options {
 }
 
 impl Options {
+    /// The defaults: suffix [`DEFAULT_SUFFIX`], one attempt, no metadata,
+    /// split guard and watch on.
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// How long `acquire` may wait for a held lease.
     pub fn wait(mut self, wait: Wait) -> Self {
         self.wait = wait;
         self
     }
 
+    /// The lease file's suffix (checked by [`Options::validate`]: not
+    /// empty, no `/`, no NUL).
     pub fn suffix(mut self, suffix: impl Into<String>) -> Self {
         self.suffix = suffix.into();
         self
     }
 
-    /// Set metadata from a JSON value; it must be an object of bounded size.
+    /// Set metadata from a JSON value; it must be an object of at most
+    /// [`record::METADATA_MAX_BYTES`] serialized, else `InvalidArgument`.
     pub fn metadata(mut self, metadata: Value) -> Result<Self> {
         self.metadata = Some(record::validate_metadata(&metadata)?);
         Ok(self)
     }
 
+    /// Accept a lease directory on a filesystem where `flock` is not known
+    /// to be reliable (NFS, SMB, ...) instead of failing with
+    /// `UnsupportedFilesystem`.
     pub fn allow_unsupported_fs(mut self, allow: bool) -> Self {
         self.allow_unsupported_fs = allow;
         self
     }
 
+    /// Turn the split guard on (the default) or off.
     pub fn split_guard(mut self, on: bool) -> Self {
         self.split_guard = on;
         self
     }
 
+    /// Turn the holder's watch on (the default) or off.
     pub fn watch(mut self, on: bool) -> Self {
         self.watch = on;
         self
     }
 
+    /// Say the lease will be handed on to another process (see the
+    /// `inheritable` field).
     pub fn inheritable(mut self, on: bool) -> Self {
         self.inheritable = on;
         self
     }
 
+    /// Who is calling, for the record's `runtime` (`rust` when unset).
     pub fn runtime(mut self, runtime: impl Into<String>) -> Self {
         self.runtime = Some(runtime.into());
         self

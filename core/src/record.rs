@@ -8,6 +8,8 @@ use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
 
+/// The record format this library writes, and the only one it reads as a
+/// record (`schema` in the JSON).
 pub const SCHEMA: u32 = 1;
 
 /// Largest caller metadata accepted, serialized.
@@ -21,34 +23,59 @@ pub const RECORD_MAX_BYTES: usize = 64 * 1024;
 /// faked, so every field is optional when read back.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Record {
+    /// The record format: [`SCHEMA`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schema: Option<u32>,
+    /// The fencing token: one more than the previous record's, so it grows
+    /// with every acquisition (a PostgreSQL lease: its holder row's counter).
+    /// `None` in a record not yet written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generation: Option<u64>,
+    /// The holder's PID, in its own PID namespace (`pid_ns`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pid: Option<u32>,
+    /// The holder's host name (`uname` nodename).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
+    /// When the holder acquired the lease: UTC, RFC 3339 with milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<String>,
+    /// The path the lease protects: the lease file's canonical path without
+    /// its suffix (a PostgreSQL lease: its URL with the password masked).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<String>,
+    /// The lease file's canonical path (`None` for a PostgreSQL lease).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_path: Option<String>,
+    /// 16 random bytes as 32 lower-case hex digits, fresh for every
+    /// acquisition: tells two holders apart where PID and start time match.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nonce: Option<String>,
+    /// The kernel's boot ID (`/proc/sys/kernel/random/boot_id`): a PID of
+    /// another boot is stale. `None` where the platform has none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boot_id: Option<String>,
+    /// `/etc/machine-id`, where the system has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub machine_id: Option<String>,
+    /// The holder's PID namespace (inode of `/proc/self/ns/pid`); `None`
+    /// where the platform cannot tell.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pid_ns: Option<u64>,
+    /// The holder's start time, in clock ticks after boot (field 22 of
+    /// `/proc/PID/stat`): with `pid` and `boot_id` it names one process, so a
+    /// reused PID is not taken for the holder. `None` where the platform cannot
+    /// tell.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proc_start: Option<u64>,
+    /// What took the lease: `rust` unless a binding says otherwise
+    /// (`python`, `node`, `c`, ...; [`crate::Options::runtime()`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime: Option<String>,
+    /// The library that wrote the record: [`crate::LIBRARY`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub library: Option<String>,
+    /// The caller's metadata ([`crate::Options::metadata()`]), as given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Map<String, Value>>,
     /// Device and inode of the lease file this holder locked, and whether
@@ -56,8 +83,10 @@ pub struct Record {
     /// they let the next holder of the same inode skip `/proc/locks`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device: Option<u64>,
+    /// The lease file's inode (see `device`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inode: Option<u64>,
+    /// Whether the acquisition was split-checked (see `device`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub split_checked: Option<bool>,
     /// The lease file's directory (device and inode) and its name there:
@@ -65,8 +94,10 @@ pub struct Record {
     /// so the split guard recognises a former lease file by them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dir_device: Option<u64>,
+    /// The directory's inode (see `dir_device`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dir_inode: Option<u64>,
+    /// The lease file's name in its directory (see `dir_device`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub file_name: Option<String>,
     /// The lease file's path as the holder spelled it (absolute), when a
@@ -83,6 +114,8 @@ pub struct Record {
     /// not release waits this out before it acts (the elector does).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub confirm_within_ms: Option<u64>,
+    /// When the holder released the lease cleanly: UTC, RFC 3339 with
+    /// milliseconds. `None` while it is held, and after a crash.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub released_at: Option<String>,
 }
@@ -118,6 +151,7 @@ impl Content {
         }
     }
 
+    /// The record, when the content is one.
     pub fn record(&self) -> Option<&Record> {
         match self {
             Content::Record(r) => Some(r),
@@ -185,10 +219,12 @@ impl Record {
         v
     }
 
+    /// The record as one JSON object (no trailing newline).
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).unwrap_or_default()
     }
 
+    /// The record as a JSON value (an object; fields it lacks are left out).
     pub fn to_value(&self) -> Value {
         serde_json::to_value(self).unwrap_or(Value::Null)
     }
@@ -357,6 +393,8 @@ pub fn now_rfc3339() -> String {
     format_rfc3339(SystemTime::now())
 }
 
+/// `t` as UTC RFC 3339 with milliseconds, as [`now_rfc3339`] writes it
+/// (times before 1970 as 1970).
 pub fn format_rfc3339(t: SystemTime) -> String {
     let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
     let secs = d.as_secs();

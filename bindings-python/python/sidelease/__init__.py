@@ -35,6 +35,7 @@ from ._errors import (
 from ._elect import Elector, lead, leadership
 from ._native import CancelToken, Lease, Term, acquire, inspect
 
+#: The version of sidelease: the Rust core's, which the native module was built from.
 __version__: str = _native.__version__
 
 __all__ = [

@@ -122,6 +122,7 @@ class Elector:
 
     @property
     def target(self) -> str:
+        """The target, a PostgreSQL URL's password masked."""
         return self._target
 
     @property
@@ -132,10 +133,12 @@ class Elector:
 
     @property
     def is_leader(self) -> bool:
+        """True while this process leads (the snapshot's ``leading``)."""
         return bool(self._native.snapshot["leading"])
 
     @property
     def stopped(self) -> bool:
+        """True once :meth:`stop` was called: no campaign starts again."""
         return self._native.stopped
 
     def campaign(self) -> Optional[Term]:
@@ -193,9 +196,13 @@ class Elector:
             t.join(timeout)
 
     def __enter__(self) -> "Elector":
+        """``with sidelease.Elector(db) as elector:`` gives the elector
+        itself; leaving the block stops it."""
         return self
 
     def __exit__(self, *exc: object) -> None:
+        """:meth:`stop`, with no timeout: after :meth:`start`, wait until
+        the work has stepped down. Never swallows the block's exception."""
         self.stop()
 
 
@@ -346,6 +353,9 @@ class leadership:
         self._watch: Optional[_Watch] = None
 
     async def __aenter__(self) -> Term:
+        """Campaign until elected, the loop running meanwhile, and return
+        the :class:`Term`; from then on a loss cancels the task running the
+        body. Cancelling the task while it waits leaves nothing held."""
         loop = asyncio.get_running_loop()
         task = asyncio.current_task()
         assert task is not None
@@ -358,6 +368,11 @@ class leadership:
         return term
 
     async def __aexit__(self, et: Any, e: Any, tb: Any) -> Optional[bool]:
+        """Stop campaigning and step down, releasing the lease (the next
+        campaigner is woken at once); an exception from the body, other
+        than a cancellation, is told as the term's error. When the lease
+        was lost, raise :class:`LeaseLost` in place of the cancellation the
+        loss caused. Never swallows the body's exception."""
         watch, term, elector = self._watch, self._term, self._elector
         assert watch is not None and term is not None and elector is not None
         watch.close()

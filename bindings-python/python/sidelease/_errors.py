@@ -19,9 +19,16 @@ class LeaseInUse(LeaseError):
     """
 
     holder: Optional[Dict[str, Any]]
+    """The holder record read from the lease file (a dict); None when it is
+    empty or unreadable (which never means the lease is free), or when it is
+    not the record of the process holding the lock."""
     holders: List[int]
+    """PIDs the kernel reports as holding the lock (this process's PID
+    namespace)."""
     lease_path: str
+    """The lease file that is locked."""
     target: str
+    """The path the caller asked to protect."""
 
     def __init__(
         self,
@@ -54,8 +61,12 @@ class LeaseLost(LeaseError):
     """
 
     reason: str
+    """What happened, naming the other holder when there is one."""
     holders: List[int]
+    """PIDs the kernel reports as holding the lease file now."""
     lease_path: str
+    """The lease file that was lost; for a PostgreSQL lease, its URL with
+    the password masked."""
 
     def __init__(
         self,
@@ -77,6 +88,7 @@ class LeaseCancelled(LeaseError):
     """A wait was ended through its :class:`CancelToken`; nothing is held."""
 
     lease_path: str
+    """The lease file whose wait was cancelled."""
 
     def __init__(self, message: str, lease_path: str = "") -> None:
         super().__init__(message)
@@ -91,7 +103,10 @@ class UnsupportedFilesystem(LeaseError):
     (NFS, SMB, FUSE, ...). Pass ``allow_unsupported_fs=True`` to use it anyway."""
 
     fstype: str
+    """The filesystem's name (``nfs``, ``cifs``, ...; "an unknown
+    filesystem" when its magic number is not in the library's table)."""
     path: str
+    """The directory whose filesystem was refused."""
 
     def __init__(self, message: str, fstype: str = "", path: str = "") -> None:
         super().__init__(message)
@@ -109,6 +124,8 @@ class LeaseOSError(LeaseError, OSError):
     and ``syscall``."""
 
     syscall: str
+    """The system call that failed (``open``, ``flock``, ...), also shown in
+    the message: ``[Errno 2] No such file or directory (open): '/srv/data'``."""
 
 
 def _os_class(base: Type[OSError]) -> Type[LeaseOSError]:

@@ -37,6 +37,7 @@ pub use term::{Outcome, Term};
 /// that failed or ended at once) doubles from this up to `BACKOFF_MAX`; a
 /// normal hand-off never waits.
 pub const BACKOFF_FIRST: Duration = Duration::from_millis(100);
+/// The longest back-off after errors.
 pub const BACKOFF_MAX: Duration = Duration::from_secs(10);
 /// Work that returns sooner than this counts as a failure for the
 /// back-off: work that ends at once would otherwise be elected hundreds of
@@ -88,15 +89,27 @@ pub enum Event<'a> {
     /// wait starts and again whenever the holder changes.
     Waiting(&'a Contention),
     /// This process leads now.
-    Elected { generation: Option<u64> },
+    Elected {
+        /// The term's generation (its lease's fencing token); `None` when
+        /// the lease has none (a read-only lease file).
+        generation: Option<u64>,
+    },
     /// The lease was lost while leading (told from the watcher thread; the
     /// work's cancellation has fired).
-    Lost { reason: &'a str },
+    Lost {
+        /// What happened, naming the other holder when there is one.
+        reason: &'a str,
+    },
     /// The term is over and the lease released.
-    SteppedDown { why: &'a Ended },
+    SteppedDown {
+        /// Why the term ended.
+        why: &'a Ended,
+    },
     /// Campaigning failed; the next attempt is in `retry_in`.
     Error {
+        /// What failed.
         error: &'a Error,
+        /// The back-off before the next attempt ([`backoff`]).
         retry_in: Duration,
     },
     /// Stopped: no campaign runs and none will.
@@ -106,13 +119,16 @@ pub enum Event<'a> {
 /// What a service exports about its elector.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Snapshot {
+    /// Whether this elector leads now (a term is running).
     pub leading: bool,
     /// The generation of the current term (of the last one when not
     /// leading); `None` before the first, or when the lease has none.
     pub generation: Option<u64>,
     /// When the current term began; `None` when not leading.
     pub leader_since: Option<SystemTime>,
+    /// Terms begun so far.
     pub elections: u64,
+    /// Terms that ended because the lease was lost.
     pub losses: u64,
     /// Errors in a row (campaigns that failed, terms that failed or ended
     /// at once); the back-off grows with it.
@@ -349,6 +365,7 @@ impl Elector {
         }
     }
 
+    /// Whether [`Elector::stop`] was called.
     pub fn is_stopped(&self) -> bool {
         self.inner.stopped()
     }
@@ -358,6 +375,7 @@ impl Elector {
         self.inner.stop.fd()
     }
 
+    /// Its counters and current term, for a service's status.
     pub fn snapshot(&self) -> Snapshot {
         self.inner.state().snapshot.clone()
     }
@@ -411,6 +429,8 @@ fn fatal(e: &Error, engine: Engine) -> bool {
     }
 }
 
+/// The back-off after `failures` errors in a row: [`BACKOFF_FIRST`] for the
+/// first, doubling with each further one, at most [`BACKOFF_MAX`].
 pub fn backoff(failures: u32) -> Duration {
     BACKOFF_FIRST
         .saturating_mul(1 << failures.saturating_sub(1).min(16))

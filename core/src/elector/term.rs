@@ -112,12 +112,15 @@ impl Term {
         registered.map(|()| term)
     }
 
+    /// The lease this term holds.
     pub fn lease(&self) -> &Lease {
         self.lease
             .as_ref()
             .expect("a term's lease is taken only when it ends")
     }
 
+    /// The term's generation: its lease's fencing token (`None` when the
+    /// lease has none, a read-only lease file).
     pub fn generation(&self) -> Option<u64> {
         self.lease().generation()
     }

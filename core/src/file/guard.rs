@@ -28,8 +28,12 @@ use crate::registry;
 /// A live process holding a former lease file of this lease.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Orphan {
+    /// The process holding it (this process's PID namespace).
     pub pid: u32,
+    /// The former lease file's inode number (on its own filesystem, which
+    /// may be one mounted over since).
     pub inode: u64,
+    /// The holder's descriptor on it, as in `/proc/PID/fd`.
     #[serde(skip)]
     pub fd: Option<u32>,
     /// The record inside it, read through the holder's descriptor.

@@ -48,7 +48,9 @@ pub(crate) struct Target {
 /// session 5 s after its last statement, so the holder must have given up
 /// well before.
 pub const CONFIRM_DEFAULT_MS: u64 = 1000;
+/// The shortest `confirm_within` a URL may ask for, in milliseconds.
 pub const CONFIRM_MIN_MS: u64 = 100;
+/// The longest `confirm_within` a URL may ask for, in milliseconds.
 pub const CONFIRM_MAX_MS: u64 = 4000;
 
 impl std::fmt::Debug for Target {

@@ -22,17 +22,21 @@ impl std::fmt::Debug for CancelToken {
 }
 
 impl CancelToken {
+    /// A token not yet cancelled. Fails when no descriptor can be had for
+    /// it (an eventfd on Linux, a pipe elsewhere).
     pub fn new() -> std::io::Result<CancelToken> {
         Ok(CancelToken {
             fd: Arc::new(WakeFd::new()?),
         })
     }
 
-    /// Nothing drains it, so the descriptor stays readable.
+    /// Cancel every wait given this token (or a clone of it), now and
+    /// later. Nothing drains it, so the descriptor stays readable.
     pub fn cancel(&self) {
         self.fd.ring();
     }
 
+    /// Whether [`CancelToken::cancel`] was called on it (or a clone).
     pub fn is_cancelled(&self) -> bool {
         let mut fds = [rustix::event::PollFd::new(
             &*self.fd,

@@ -59,6 +59,8 @@ impl Missing {
         Missing::FileEvents,
     ];
 
+    /// The name used in JSON answers and by the CLI (`lock-table`,
+    /// `descriptors`, `file-events`).
     pub fn as_str(self) -> &'static str {
         match self {
             Missing::LockTable => "lock-table",
