@@ -80,6 +80,11 @@ if ! .venv/bin/python -c "import gunicorn, apscheduler, prometheus_client" 2>/de
   echo "setup: installing the gunicorn example's dependencies into .venv"
   .venv/bin/pip install --quiet -r examples/gunicorn-scheduler/requirements.txt
 fi
+# The Celery beat example's pinned dependency.
+if ! .venv/bin/python -c "import celery" 2>/dev/null; then
+  echo "setup: installing the Celery beat example's dependencies into .venv"
+  .venv/bin/pip install --quiet -r examples/celery-beat/requirements.txt
+fi
 
 # MkDocs, pinned, for the documentation site (tests/docs).
 if ! .venv/bin/python -c "import importlib.metadata as m, sys; sys.exit(m.version('mkdocs') != '$MKDOCS_VERSION')" 2>/dev/null; then
