@@ -142,6 +142,34 @@ fn hold_refuses_a_held_lease_naming_the_holder() {
 }
 
 #[test]
+fn a_refusal_names_the_holders_metadata() {
+    // The application's own words about the holder (issue 39): in the
+    // message as in the record, cut at 120 characters.
+    let d = tempfile::tempdir().unwrap();
+    let db = d.path().join("app.db");
+    let db = db.to_str().unwrap();
+    let long = "x".repeat(200);
+    let meta = format!(r#"{{"svc":"billing","note":"{long}"}}"#);
+    let h = Holder::start(db, &["--metadata", &meta]);
+    let hold_pid = h.command_pid();
+    let out = sidelease(&["hold", db, "--", "true"]);
+    assert_eq!(out.status.code(), Some(75));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let cut: String = format!(r#"{{"note":"{long}","svc":"billing"}}"#)
+        .chars()
+        .take(120)
+        .collect();
+    assert!(
+        err.contains(&format!(
+            "is leased by pid {hold_pid} (sidelease-cli {}, {cut}…) on ",
+            env!("CARGO_PKG_VERSION")
+        )),
+        "{err}"
+    );
+    assert_eq!(h.finish().code(), Some(3));
+}
+
+#[test]
 fn a_wait_names_the_holder_at_once_and_again_only_when_it_changes() {
     let d = tempfile::tempdir().unwrap();
     let db = d.path().join("app.db");

@@ -196,8 +196,16 @@ impl fmt::Display for Contention {
                 {
                     write!(f, " of another PID namespace")?;
                 }
-                if let Some(rt) = &rec.runtime {
-                    write!(f, " ({rt})")?;
+                // The runtime, and the application's own words about the
+                // holder (its metadata, as any reader of the record sees it).
+                let about: Vec<String> = rec
+                    .runtime
+                    .iter()
+                    .cloned()
+                    .chain(rec.metadata.as_ref().map(metadata_text))
+                    .collect();
+                if !about.is_empty() {
+                    write!(f, " ({})", about.join(", "))?;
                 }
                 if let Some(host) = &rec.host {
                     write!(f, " on {host}")?;
@@ -231,6 +239,17 @@ impl fmt::Display for Contention {
         }
         let noun = crate::backend::Engine::noun_of(&self.lease_path);
         write!(f, " [{noun} {}]", self.lease_path.display())
+    }
+}
+
+/// The holder's metadata in a message: its JSON, cut at 120 characters
+/// (the record keeps up to 16 KiB).
+fn metadata_text(m: &serde_json::Map<String, serde_json::Value>) -> String {
+    const MAX: usize = 120;
+    let text = serde_json::Value::Object(m.clone()).to_string();
+    match text.char_indices().nth(MAX) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text,
     }
 }
 

@@ -52,7 +52,8 @@ set +e
 b_status=$?
 set -e
 test "$b_status" = 75 || { cat "$work/b.out"; echo "second daemon exited $b_status, not 75" >&2; exit 1; }
-grep -q "is leased by pid $a (c)" "$work/b.out" || { cat "$work/b.out"; echo "refusal does not name pid $a" >&2; exit 1; }
+# The holder by PID, runtime and the metadata the daemon gave.
+grep -qF "is leased by pid $a (c, {\"app\":\"c-daemon\"})" "$work/b.out" || { cat "$work/b.out"; echo "refusal does not name pid $a and its metadata" >&2; exit 1; }
 
 kill -TERM "$a"
 wait "$a"
