@@ -777,7 +777,16 @@ fn a_refusal_never_names_a_killed_hold_whose_command_keeps_the_lease() {
     let db = d.path().join("app.db");
     let db = db.to_str().unwrap();
     let mut child = common::command(BIN)
-        .args(["hold", db, "--", "sh", "-c", "echo READY $$; read line"])
+        .args([
+            "hold",
+            "--metadata",
+            r#"{"svc":"billing"}"#,
+            db,
+            "--",
+            "sh",
+            "-c",
+            "echo READY $$; read line",
+        ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -800,12 +809,16 @@ fn a_refusal_never_names_a_killed_hold_whose_command_keeps_the_lease() {
         assert!(err.contains(&format!("record is of pid {dead}")), "{err}");
         assert!(err.contains("not running here"), "{err}");
     } else {
-        // The command by name, and how it holds what the record names.
-        let named = format!("pid {shell} (sh): the lease file's record is of pid {dead} (");
+        // The command by name, and, from the kernel's table of locks, that
+        // it inherited the lock from the dead `hold` the record names: one
+        // flat sentence (issue 39).
+        let named = format!("leased by pid {shell} (sh, inherited from pid {dead} (sidelease-cli ");
+        assert!(err.contains(&named), "{err}");
         assert!(
-            err.contains(&named) && err.contains("holder inherited"),
+            err.contains(r#", {"svc":"billing"}) on "#) && err.contains(", now gone) [lease file "),
             "{err}"
         );
+        assert!(!err.contains("record is of"), "{err}");
     }
     // End the command (our grandchild) by closing its stdin.
     drop(child.stdin.take());

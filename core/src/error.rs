@@ -26,6 +26,10 @@ pub struct Contention {
     /// The kernel's holders by name (`comm`, where the platform gives it),
     /// when the record does not name the holder: for the message.
     pub names: Vec<(u32, String)>,
+    /// How the kernel's holders came to hold the lock when they inherited
+    /// it from the process the record names ("inherited from pid N (…),
+    /// now gone"); `record_note` is then `None`. For the message.
+    pub inherited: Option<String>,
     /// How long the caller waited before giving up (zero for one attempt).
     pub waited: std::time::Duration,
 }
@@ -224,16 +228,27 @@ impl fmt::Display for Contention {
                     let named: Vec<String> = self
                         .holders
                         .iter()
-                        .map(|pid| match self.names.iter().find(|(p, _)| p == pid) {
-                            Some((_, name)) => format!("{pid} ({name})"),
-                            None => pid.to_string(),
+                        .map(|pid| {
+                            let about: Vec<&str> = self
+                                .names
+                                .iter()
+                                .filter(|(p, _)| p == pid)
+                                .map(|(_, name)| name.as_str())
+                                .chain(self.inherited.as_deref())
+                                .collect();
+                            match about.is_empty() {
+                                true => pid.to_string(),
+                                false => format!("{pid} ({})", about.join(", ")),
+                            }
                         })
                         .collect();
                     write!(f, "pid {}", named.join(", "))?;
                 }
-                match &self.record_note {
-                    Some(note) => write!(f, ": {note}")?,
-                    None => write!(f, ": holder record empty or unreadable")?,
+                match (&self.record_note, &self.inherited) {
+                    (Some(note), _) => write!(f, ": {note}")?,
+                    // The holder and where it got the lock: said above.
+                    (None, Some(_)) if !self.holders.is_empty() => {}
+                    (None, _) => write!(f, ": holder record empty or unreadable")?,
                 }
             }
         }
@@ -244,7 +259,7 @@ impl fmt::Display for Contention {
 
 /// The holder's metadata in a message: its JSON, cut at 120 characters
 /// (the record keeps up to 16 KiB).
-fn metadata_text(m: &serde_json::Map<String, serde_json::Value>) -> String {
+pub(crate) fn metadata_text(m: &serde_json::Map<String, serde_json::Value>) -> String {
     const MAX: usize = 120;
     let text = serde_json::Value::Object(m.clone()).to_string();
     match text.char_indices().nth(MAX) {

@@ -234,6 +234,7 @@ mod tests {
             holders: holders.to_vec(),
             record_note: None,
             names: Vec::new(),
+            inherited: None,
             waited: std::time::Duration::ZERO,
         }
     }

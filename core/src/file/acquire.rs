@@ -679,6 +679,7 @@ impl FilePending {
             holders: Vec::new(),
             record_note: None,
             names: Vec::new(),
+            inherited: None,
             waited: self.started.elapsed(),
         };
         if let Some(orphan) = &self.orphan {
@@ -691,24 +692,7 @@ impl FilePending {
             if let Ok(bytes) = process::read_at_most(of.fd(), of.size, record::RECORD_MAX_BYTES) {
                 rec = Content::parse(&bytes).record().cloned();
             }
-            c.holders = holders::holders_of(of.fd(), rec.as_ref().and_then(|r| r.pid));
-            // The record names the process that holds the lock, or it is a
-            // record left behind (released, its process gone) while
-            // something else holds the lock: then it is no holder of ours.
-            if let Some(r) = rec {
-                match holders::record_is_holder(&r, &c.holders) {
-                    Ok(()) => c.holder = Some(r),
-                    Err(what) => c.record_note = Some(what),
-                }
-            }
-            // No record names the holder: the kernel's holders by name.
-            if c.holder.is_none() {
-                c.names = c
-                    .holders
-                    .iter()
-                    .filter_map(|&pid| process::name(pid).map(|n| (pid, n)))
-                    .collect();
-            }
+            holders::describe(&mut c, of.fd(), rec);
         }
         c
     }

@@ -3,6 +3,7 @@
 
 use std::os::fd::BorrowedFd;
 
+use crate::error::Contention;
 use crate::platform::locks::{self, FlockLock};
 use crate::platform::process::{self, FdScan, KernelKey};
 use crate::record::Record;
@@ -13,6 +14,14 @@ use crate::record::Record;
 /// who really holds it, so a listed PID is checked and, when it does not
 /// hold the lock, every visible process is.
 pub(crate) fn kernel_holders(key: KernelKey, locks: &[FlockLock]) -> Vec<u32> {
+    kernel_view(key, locks).0
+}
+
+/// [`kernel_holders`], and the PIDs `/proc/locks` names as having taken the
+/// lock that hold no descriptor of it now: the lock passed on from them (a
+/// command they started, a child they forked, a descriptor they sent) —
+/// the kernel's own account of an inherited lease, not a guess.
+fn kernel_view(key: KernelKey, locks: &[FlockLock]) -> (Vec<u32>, Vec<u32>) {
     let mut listed: Vec<u32> = locks
         .iter()
         .filter(|l| l.ino == key.ino && l.on_device(key.major, key.minor))
@@ -44,11 +53,23 @@ pub(crate) fn kernel_holders(key: KernelKey, locks: &[FlockLock]) -> Vec<u32> {
             // kernel lists rather than nothing, but never a process that
             // has ended (a listing read across changes may still carry a
             // lock let go since).
-            holders = listed.into_iter().filter(|p| !gone.contains(p)).collect();
+            holders = listed
+                .iter()
+                .copied()
+                .filter(|p| !gone.contains(p))
+                .collect();
         }
     }
     holders.sort_unstable();
-    holders
+    let takers = if holders.is_empty() {
+        Vec::new()
+    } else {
+        listed
+            .into_iter()
+            .filter(|p| !holders.contains(p))
+            .collect()
+    };
+    (holders, takers)
 }
 
 /// The holders of the lease file open (unlocked) as `fd`, for an in-use
@@ -56,22 +77,31 @@ pub(crate) fn kernel_holders(key: KernelKey, locks: &[FlockLock]) -> Vec<u32> {
 /// the lock, that is the kernel's answer without reading `/proc/locks`
 /// (whose read can cost an RCU grace period) or the mount table.
 pub(crate) fn holders_of(fd: BorrowedFd<'_>, record_pid: Option<u32>) -> Vec<u32> {
+    holders_and_takers_of(fd, record_pid).0
+}
+
+/// [`holders_of`], and the takers of the lock that no longer hold it (see
+/// [`kernel_view`]; none when the record's process holds it).
+pub(crate) fn holders_and_takers_of(
+    fd: BorrowedFd<'_>,
+    record_pid: Option<u32>,
+) -> (Vec<u32>, Vec<u32>) {
     let Ok(st) = crate::platform::stat::fstat(fd) else {
-        return Vec::new();
+        return (Vec::new(), Vec::new());
     };
     if let Some(pid) = record_pid {
         if matches!(
             process::holding_fd_of_file(pid, (st.st_dev, st.st_ino)),
             FdScan::Found(_)
         ) {
-            return vec![pid];
+            return (vec![pid], Vec::new());
         }
     }
     let Ok((major, minor)) = process::kernel_device(fd) else {
-        return Vec::new();
+        return (Vec::new(), Vec::new());
     };
     match locks::flock_locks_on(major, minor) {
-        Ok(l) => kernel_holders(
+        Ok(l) => kernel_view(
             KernelKey {
                 major,
                 minor,
@@ -79,7 +109,31 @@ pub(crate) fn holders_of(fd: BorrowedFd<'_>, record_pid: Option<u32>) -> Vec<u32
             },
             &l,
         ),
-        Err(_) => Vec::new(),
+        Err(_) => (Vec::new(), Vec::new()),
+    }
+}
+
+/// Fills an in-use answer's holders from the lease file open as `fd` and
+/// its record `rec`: the record names the process that holds the lock, or
+/// it is a record left behind (released, its process gone) while something
+/// else holds the lock, perhaps inherited from the record's process: then
+/// it is no holder of ours, and the kernel's holders are named.
+pub(crate) fn describe(c: &mut Contention, fd: BorrowedFd<'_>, rec: Option<Record>) {
+    let takers;
+    (c.holders, takers) = holders_and_takers_of(fd, rec.as_ref().and_then(|r| r.pid));
+    if let Some(r) = rec {
+        match record_is_holder(&r, &c.holders, &takers) {
+            Ok(()) => c.holder = Some(r),
+            Err(Note::Record(what)) => c.record_note = Some(what),
+            Err(Note::Inherited(how)) => c.inherited = Some(how),
+        }
+    }
+    if c.holder.is_none() {
+        c.names = c
+            .holders
+            .iter()
+            .filter_map(|&pid| process::name(pid).map(|n| (pid, n)))
+            .collect();
     }
 }
 
@@ -130,12 +184,18 @@ pub(crate) fn lockers(fd: BorrowedFd<'_>) -> Lockers {
 /// released, or left by a process that does not hold the lock (gone, its
 /// PID reused, another boot, another host), while something that wrote no
 /// record holds it.
-pub(crate) fn record_is_holder(r: &Record, holders: &[u32]) -> Result<(), String> {
+fn record_is_holder(r: &Record, holders: &[u32], takers: &[u32]) -> Result<(), Note> {
     let me = process::current();
     let who = || {
         let mut s = format!("pid {}", r.pid.map_or("?".into(), |p| p.to_string()));
-        if let Some(rt) = &r.runtime {
-            s += &format!(" ({rt})");
+        let about: Vec<String> = r
+            .runtime
+            .iter()
+            .cloned()
+            .chain(r.metadata.as_ref().map(crate::error::metadata_text))
+            .collect();
+        if !about.is_empty() {
+            s += &format!(" ({})", about.join(", "));
         }
         if let Some(h) = &r.host {
             s += &format!(" on {h}");
@@ -143,10 +203,10 @@ pub(crate) fn record_is_holder(r: &Record, holders: &[u32]) -> Result<(), String
         s
     };
     if let Some(at) = &r.released_at {
-        return Err(format!(
+        return Err(Note::Record(format!(
             "the lease file's record is of {}, which released it at {at}",
             who()
-        ));
+        )));
     }
     let differs =
         |a: &Option<String>, b: &Option<String>| matches!((a, b), (Some(x), Some(y)) if x != y);
@@ -162,25 +222,25 @@ pub(crate) fn record_is_holder(r: &Record, holders: &[u32]) -> Result<(), String
             && !differs(&r.boot_id, &me.boot_id);
         let gone = r.pid.is_some_and(|pid| process::alive(pid) == Some(false));
         if local && gone {
-            return Err(format!(
+            return Err(Note::Record(format!(
                 "the lease file's record is of {}, which is not running here: a process it \
                  started, or handed the lease file to, holds the lease",
                 who()
-            ));
+            )));
         }
         return Ok(());
     }
     if differs(&r.host, &me.host) || differs(&r.machine_id, &me.machine_id) {
-        return Err(format!(
+        return Err(Note::Record(format!(
             "the lease file's record is of {}, another host",
             who()
-        ));
+        )));
     }
     if differs(&r.boot_id, &me.boot_id) {
-        return Err(format!(
+        return Err(Note::Record(format!(
             "the lease file's record is of {}, before the machine last booted",
             who()
-        ));
+        )));
     }
     let same_start = |pid: u32| match r.proc_start {
         Some(s) => process::start_time(pid) == Some(s),
@@ -196,13 +256,38 @@ pub(crate) fn record_is_holder(r: &Record, holders: &[u32]) -> Result<(), String
         (None, _) => false,
     };
     if holds {
-        Ok(())
-    } else {
-        Err(format!(
-            "the lease file's record is of {}, which does not hold it: the holder inherited \
-             the lock (a command that process started) or locked the file without writing a \
-             record",
-            who()
-        ))
+        return Ok(());
     }
+    // The kernel lists the record's process as the one that took the lock,
+    // and another process holds it through a descriptor it got from that
+    // one: the holder inherited the lease (`hold`'s command, a forked
+    // child). Only a PID of this namespace compares with /proc/locks'.
+    let ours = r.pid_ns.is_none() || r.pid_ns == me.pid_ns;
+    if let Some(pid) = r.pid.filter(|p| ours && takers.contains(p)) {
+        let state = match process::alive(pid) {
+            Some(false) => ", now gone",
+            // A PID of another process now (its start time differs).
+            Some(true) if r.proc_start.is_some() && !same_start(pid) => ", now gone",
+            Some(true) if r.proc_start.is_some() => ", which no longer holds it",
+            _ => "",
+        };
+        return Err(Note::Inherited(format!("inherited from {}{state}", who())));
+    }
+    Err(Note::Record(format!(
+        "the lease file's record is of {}, which does not hold it: the holder inherited \
+         the lock (a command that process started) or locked the file without writing a \
+         record",
+        who()
+    )))
+}
+
+/// What a lease file's record is when it names no holder, for an in-use
+/// message.
+enum Note {
+    /// The record is another process's (released, gone, another host…).
+    Record(String),
+    /// The holders inherited the lock from the process the record names,
+    /// by the kernel's table of locks ("inherited from pid N (…), now
+    /// gone"): said beside each holder's name.
+    Inherited(String),
 }

@@ -223,6 +223,7 @@ impl Attempt {
             Box::new(Contention {
                 record_note: None,
                 names: Vec::new(),
+                inherited: None,
                 target: self.shown().to_path_buf(),
                 lease_path: self.shown().to_path_buf(),
                 holder: None,

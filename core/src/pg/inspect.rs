@@ -169,6 +169,7 @@ pub(crate) async fn contention(conn: &Conn, t: &Target, started: Instant) -> Con
         holders: Vec::new(),
         record_note: None,
         names: Vec::new(),
+        inherited: None,
         waited: started.elapsed(),
     }
 }

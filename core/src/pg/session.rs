@@ -499,6 +499,7 @@ impl Run {
                 holders: Vec::new(),
                 record_note: None,
                 names: Vec::new(),
+                inherited: None,
                 waited: self.started.elapsed(),
             });
         }

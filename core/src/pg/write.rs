@@ -178,6 +178,7 @@ impl Run {
                 holder: None,
                 holders: Vec::new(),
                 names: Vec::new(),
+                inherited: None,
                 record_note: Some(format!(
                     "a transaction, an application's fencing check, kept the lease's row \
                      in {TABLE} locked FOR SHARE for the rest of the wait; the lock itself \
