@@ -121,3 +121,23 @@ pub(crate) fn step(name: &'static str) {
 #[cfg(not(feature = "fault-injection"))]
 #[inline(always)]
 pub(crate) fn step(_name: &'static str) {}
+
+/// How many rounds an attempt may find its lease file replaced before it
+/// gives up (a single attempt) or backs off (a wait): `default`, unless a
+/// fault-injection build runs with `SIDELEASE_FAULT_ROUNDS=N`, so that a
+/// test reaches the bound on a machine too slow to replace a file 64 times
+/// within one attempt.
+#[cfg(feature = "fault-injection")]
+pub(crate) fn replaced_rounds(default: u32) -> u32 {
+    std::env::var("SIDELEASE_FAULT_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The bound on replaced rounds (fault injection is not compiled in).
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
+pub(crate) fn replaced_rounds(default: u32) -> u32 {
+    default
+}

@@ -171,3 +171,70 @@ fn a_waiter_whose_symlink_flipped_takes_the_new_targets_lease() {
             .unwrap()
     );
 }
+
+/// A file at the path replaced faster than an attempt can lock and check it
+/// (a tight rename loop): each round of an attempt finds its file gone from
+/// the path. A waiting caller backs off and tries again at its next check
+/// (no error before its deadline), and takes the lease once the loop
+/// stops; it used to fail with "replaced 64 times" at once (the flaky
+/// cross-language `tampering, split guard off` check, python-0). Both
+/// split-guard settings.
+#[test]
+fn a_waiter_outlasts_a_path_replaced_in_a_tight_loop() {
+    // tests/run runs this once more in a fault-injection build with the
+    // bound at 1 round, where every attempt reaches it.
+    #[cfg(feature = "fault-injection")]
+    assert_eq!(
+        std::env::var("SIDELEASE_FAULT_ROUNDS").as_deref(),
+        Ok("1"),
+        "run with SIDELEASE_FAULT_ROUNDS=1 (tests/run)"
+    );
+    for guard in [true, false] {
+        let d = tempfile::tempdir().unwrap();
+        let db = d.path().join("app.db");
+        let lp = d.path().join("app.db.backend-lease");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let replacer = {
+            let (stop, dir, lp) = (stop.clone(), d.path().to_path_buf(), lp.clone());
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let tmp = dir.join(format!("next.{}", n % 2));
+                    std::fs::write(&tmp, b"").unwrap();
+                    std::fs::rename(&tmp, &lp).unwrap();
+                    n += 1;
+                }
+                n
+            })
+        };
+        let started = Instant::now();
+        let waiter = {
+            let db = db.clone();
+            std::thread::spawn(move || {
+                let opts = Options::new()
+                    .split_guard(guard)
+                    .wait(Wait::Timeout(Duration::from_secs(20)));
+                Lease::acquire(&db, &opts).map(|l| (l, started.elapsed()))
+            })
+        };
+        std::thread::sleep(Duration::from_millis(400));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let replaced = replacer.join().unwrap();
+        let (lease, took) = waiter.join().unwrap().unwrap_or_else(|e| {
+            panic!("guard {guard}: the waiter failed while the file was replaced: {e}")
+        });
+        assert!(
+            replaced > 100,
+            "guard {guard}: only {replaced} replacements"
+        );
+        // Either it won a round between two renames, or it backed off and
+        // won after the loop stopped: never an error, never past the loop
+        // by more than its slowest poll.
+        assert!(
+            took < Duration::from_secs(5),
+            "guard {guard}: took {took:?}"
+        );
+        let _ = std::fs::metadata(&lp).unwrap().ino();
+        drop(lease);
+    }
+}

@@ -34,10 +34,11 @@ use crate::platform::{fskind, process};
 use crate::record::{self, Content};
 use crate::registry::{self, Flight, Key};
 
-/// Times the lease file may turn out replaced between open and lock before
-/// acquisition gives up. On a loaded machine a process that replaces the
-/// file every few milliseconds wins a handful of rounds in a row; 64 in a
-/// row is someone doing it on purpose.
+/// Times the lease file may turn out replaced between open and lock within
+/// one attempt before a single attempt gives up, or a wait backs off until
+/// its next check. On a loaded machine a process that replaces the file
+/// every few milliseconds wins a handful of rounds in a row; 64 in a row is
+/// someone doing it on purpose (or a machine too loaded to lock in time).
 const MAX_REPLACED_ROUNDS: u32 = 64;
 /// How long an attempt waits for another thread's attempt on the same lease
 /// file to end (attempts never wait for other processes, so this is a
@@ -189,6 +190,9 @@ pub(crate) struct FilePending {
     move_on_at: Option<Instant>,
     /// The watch's instance, made before the first open (watch::prepare).
     watching: Option<crate::file::watch::Attempt>,
+    /// The replaced rounds of the last attempt, when it backed off at the
+    /// bound (a wait's timeout then says so).
+    backed_off: Option<u32>,
 }
 
 impl FilePending {
@@ -210,6 +214,7 @@ impl FilePending {
             grace_spent: Duration::ZERO,
             move_on_at: None,
             watching: None,
+            backed_off: None,
         })
     }
 
@@ -236,6 +241,7 @@ impl FilePending {
             }
             self.grace_until = None;
         }
+        self.backed_off = None;
         let mut rounds = 0;
         let mut races = 0;
         let mut rechecked = false;
@@ -258,7 +264,9 @@ impl FilePending {
                     }
                     Opened::Moved => {
                         rounds += 1;
-                        self.replaced_too_often(rounds)?;
+                        if self.replaced_too_often(rounds)? {
+                            return Ok(None);
+                        }
                         continue;
                     }
                     Opened::Created => {
@@ -385,7 +393,9 @@ impl FilePending {
                                     self.move_on_at = None;
                                     self.open = None;
                                     rounds += 1;
-                                    self.replaced_too_often(rounds)?;
+                                    if self.replaced_too_often(rounds)? {
+                                        return Ok(None);
+                                    }
                                     continue;
                                 }
                             }
@@ -412,7 +422,9 @@ impl FilePending {
                 Claimed::Again => continue,
                 Claimed::Replaced => {
                     rounds += 1;
-                    self.replaced_too_often(rounds)?;
+                    if self.replaced_too_often(rounds)? {
+                        return Ok(None);
+                    }
                     continue;
                 }
             }
@@ -435,18 +447,6 @@ impl FilePending {
         } else {
             (young && !reg.held_last(&of.canon, of.key)).then_some(false)
         }
-    }
-    fn replaced_too_often(&self, rounds: u32) -> Result<()> {
-        if rounds >= MAX_REPLACED_ROUNDS {
-            return Err(Error::io(
-                "open",
-                self.lease_path(),
-                std::io::Error::other(format!(
-                    "the lease file was replaced {rounds} times while being locked"
-                )),
-            ));
-        }
-        Ok(())
     }
 
     /// The registry path: a lease this process holds is shared without
@@ -686,6 +686,11 @@ impl FilePending {
             c.holder = orphan.record.clone();
             c.holders = vec![orphan.pid];
             return c;
+        }
+        if let (None, Some(n)) = (&self.open, self.backed_off) {
+            c.record_note = Some(format!(
+                "the lease file was replaced {n} times in a row while being locked"
+            ));
         }
         if let Some(of) = &self.open {
             let mut rec = None;

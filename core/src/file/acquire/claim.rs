@@ -55,6 +55,29 @@ struct Claim {
 }
 
 impl FilePending {
+    /// At the bound on replaced rounds: a single attempt fails, naming
+    /// it; a wait backs off instead (`true`: the attempt ends as one
+    /// refused, and the wait's next check starts a fresh count), so a file
+    /// replaced faster than it can be locked costs a waiter time, never an
+    /// error before its deadline.
+    pub(super) fn replaced_too_often(&mut self, rounds: u32) -> Result<bool> {
+        let bound = crate::faults::replaced_rounds(super::MAX_REPLACED_ROUNDS);
+        if rounds < bound {
+            return Ok(false);
+        }
+        if !matches!(self.opts.wait, Wait::NoWait) {
+            self.backed_off = Some(rounds);
+            return Ok(true);
+        }
+        Err(Error::io(
+            "open",
+            self.lease_path(),
+            std::io::Error::other(format!(
+                "the lease file was replaced {rounds} times while being locked"
+            )),
+        ))
+    }
+
     /// The open file is locked: claim it, check it, guard it, hold it.
     pub(super) fn claim(&mut self, flight: Flight) -> Result<Claimed> {
         let Some(of) = self.open.as_ref() else {
