@@ -58,7 +58,7 @@ pub struct Elector {
 #[pymethods]
 impl Elector {
     #[new]
-    #[pyo3(signature = (target, *, on_event=None, suffix=sidelease::DEFAULT_SUFFIX, metadata=None, allow_unsupported_fs=false, split_guard=true, watch=true))]
+    #[pyo3(signature = (target, *, on_event=None, suffix=".backend-lease", metadata=None, allow_unsupported_fs=false, split_guard=true, watch=true))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,

@@ -64,7 +64,10 @@ pub fn options(
 /// once a wait starts and whenever that changes (as the `sidelease` logger
 /// does at INFO); an exception it raises ends the wait.
 #[pyfunction]
-#[pyo3(signature = (target, *, timeout=Seconds::ONE_ATTEMPT, suffix=sidelease::DEFAULT_SUFFIX, metadata=None, allow_unsupported_fs=false, split_guard=true, watch=true, cancel=None, on_waiting=None))]
+// The suffix is a literal, not sidelease::DEFAULT_SUFFIX: pyo3 writes a
+// literal default into the text signature, where stubtest compares it with
+// _native.pyi's (test_api.py checks the value); a constant shows as `...`.
+#[pyo3(signature = (target, *, timeout=Seconds::ONE_ATTEMPT, suffix=".backend-lease", metadata=None, allow_unsupported_fs=false, split_guard=true, watch=true, cancel=None, on_waiting=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn acquire(
     py: Python<'_>,
@@ -123,7 +126,7 @@ pub fn acquire(
 
 /// Inspect the lease of `target` without taking or disturbing it.
 #[pyfunction]
-#[pyo3(signature = (target, *, suffix=sidelease::DEFAULT_SUFFIX))]
+#[pyo3(signature = (target, *, suffix=".backend-lease"))]
 pub fn inspect<'py>(py: Python<'py>, target: Target, suffix: &str) -> PyResult<Bound<'py, PyAny>> {
     let opts = Options::new().suffix(suffix);
     let i = py.detach(|| sidelease::inspect(&target.0, &opts)).py(py)?;

@@ -38,7 +38,7 @@ impl Pending {
 #[pymethods]
 impl Pending {
     #[new]
-    #[pyo3(signature = (target, *, timeout=Seconds::ONE_ATTEMPT, suffix=sidelease::DEFAULT_SUFFIX, metadata=None, allow_unsupported_fs=false, split_guard=true, watch=true))]
+    #[pyo3(signature = (target, *, timeout=Seconds::ONE_ATTEMPT, suffix=".backend-lease", metadata=None, allow_unsupported_fs=false, split_guard=true, watch=true))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,

@@ -35,6 +35,23 @@ def test_version_is_the_workspace_version() -> None:
     assert version("sidelease") == sidelease.__version__
 
 
+def test_signatures_carry_the_defaults_the_stubs_state() -> None:
+    # The defaults in _native.pyi (which the API reference shows) are
+    # checked against these by stubtest in tests/run; here, that the
+    # runtime has real values, and the suffix is the one every lease
+    # path in this suite ends with.
+    import inspect as pyinspect
+
+    from sidelease import _native
+
+    for fn in (_native.acquire, _native.inspect, _native.Pending, _native.Elector):
+        params = pyinspect.signature(fn).parameters
+        assert params["suffix"].default == ".backend-lease", fn
+        for name, want in (("split_guard", True), ("watch", True), ("metadata", None)):
+            if name in params:
+                assert params[name].default is want, (fn, name)
+
+
 def test_acquire_release_and_fields(db: str) -> None:
     lease = sidelease.acquire(db, metadata={"app": "t", "port": 8000})
     assert lease.lease_path == db + ".backend-lease"

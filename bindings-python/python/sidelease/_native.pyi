@@ -29,13 +29,13 @@ def acquire(
     target: _Path,
     *,
     timeout: Optional[float] = ...,
-    suffix: str = ...,
-    metadata: Optional[Dict[str, Any]] = ...,
-    allow_unsupported_fs: bool = ...,
-    split_guard: bool = ...,
-    watch: bool = ...,
-    cancel: Optional[CancelToken] = ...,
-    on_waiting: Optional[Callable[[Dict[str, Any]], Any]] = ...,
+    suffix: str = ".backend-lease",
+    metadata: Optional[Dict[str, Any]] = None,
+    allow_unsupported_fs: bool = False,
+    split_guard: bool = True,
+    watch: bool = True,
+    cancel: Optional[CancelToken] = None,
+    on_waiting: Optional[Callable[[Dict[str, Any]], Any]] = None,
 ) -> Lease:
     """Acquire the lease of ``target``: a ``str``, ``bytes`` or path-like
     object, as ``os.open`` takes (the lease file is ``target + suffix``,
@@ -63,7 +63,7 @@ def acquire(
     (both on by default; see docs/concepts.md).
     """
 
-def inspect(target: _Path, *, suffix: str = ...) -> Dict[str, Any]:
+def inspect(target: _Path, *, suffix: str = ".backend-lease") -> Dict[str, Any]:
     """Inspect the lease of ``target`` without taking or disturbing it: a
     dict with ``target``, ``lease_path``, ``state`` ("free", "held",
     "split" or "unknown"), ``holders`` (PIDs), ``record`` (the holder
@@ -225,14 +225,14 @@ class Pending:
         target: _Path,
         *,
         timeout: Optional[float] = ...,
-        suffix: str = ...,
-        metadata: Optional[Dict[str, Any]] = ...,
-        allow_unsupported_fs: bool = ...,
-        split_guard: bool = ...,
-        watch: bool = ...,
+        suffix: str = ".backend-lease",
+        metadata: Optional[Dict[str, Any]] = None,
+        allow_unsupported_fs: bool = False,
+        split_guard: bool = True,
+        watch: bool = True,
     ) -> Pending: ...
     def try_acquire(self) -> Optional[Lease]: ...
-    def tell_waiting(self, on_waiting: Optional[Callable[[Dict[str, Any]], Any]] = ...) -> None: ...
+    def tell_waiting(self, on_waiting: Optional[Callable[[Dict[str, Any]], Any]] = None) -> None: ...
     def wait_fd(self) -> Optional[int]: ...
     def next_check(self) -> float: ...
     def remaining(self) -> Optional[float]: ...
@@ -248,12 +248,12 @@ class Elector:
         cls,
         target: _Path,
         *,
-        on_event: Optional[Callable[[str, Dict[str, Any]], None]] = ...,
-        suffix: str = ...,
-        metadata: Optional[Dict[str, Any]] = ...,
-        allow_unsupported_fs: bool = ...,
-        split_guard: bool = ...,
-        watch: bool = ...,
+        on_event: Optional[Callable[[str, Dict[str, Any]], None]] = None,
+        suffix: str = ".backend-lease",
+        metadata: Optional[Dict[str, Any]] = None,
+        allow_unsupported_fs: bool = False,
+        split_guard: bool = True,
+        watch: bool = True,
     ) -> Elector: ...
     def campaign(self) -> Optional[Term]: ...
     def stop(self) -> None: ...
