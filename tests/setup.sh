@@ -103,8 +103,10 @@ if [ ! -x bindings-node/node_modules/.bin/napi ] || [ ! -x bindings-node/node_mo
   echo "setup: npm ci in bindings-node"
   (cd bindings-node && npm ci --no-audit --no-fund --loglevel=error)
 fi
-# The node-cron example's pinned dependency, from its lockfile.
-if [ ! -f examples/js-scheduler/node_modules/node-cron/package.json ]; then
+# The node-cron example's pinned dependencies (node-cron, PM2), from its
+# lockfile.
+if [ ! -f examples/js-scheduler/node_modules/node-cron/package.json ] ||
+   [ ! -f examples/js-scheduler/node_modules/pm2/package.json ]; then
   echo "setup: npm ci in examples/js-scheduler"
   (cd examples/js-scheduler && npm ci --no-audit --no-fund --loglevel=error)
 fi

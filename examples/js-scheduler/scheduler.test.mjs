@@ -1,6 +1,7 @@
-// The node-cron examples, run by real Node (node:cluster, 4 workers) and
-// real Bun (4 Bun.serve processes with reusePort): the job ticks in one
-// process at a time, across SIGKILLed leaders.
+// The node-cron examples, run by real Node (node:cluster, 4 workers; PM2's
+// cluster mode, 4 instances under pm2-runtime) and real Bun (4 Bun.serve
+// processes with reusePort): the job ticks in one process at a time,
+// across SIGKILLed leaders.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync, spawn } from 'node:child_process';
@@ -16,6 +17,7 @@ const root = path.join(here, '..', '..');
 const BUN = path.join(root, 'bindings-node', 'node_modules', '@oven', 'bun-linux-x64', 'bin', 'bun');
 const MODULE = path.join(root, 'bindings-node', 'index.js');
 const sidelease = createRequire(import.meta.url)(MODULE);
+const PM2_RUNTIME = path.join(here, 'node_modules', 'pm2', 'bin', 'pm2-runtime');
 const STEP = 15_000;
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
@@ -109,6 +111,40 @@ test('node:cluster: the cron job runs in one worker at a time, across SIGKILLed 
     if (primary.exitCode === null && primary.signalCode === null) {
       for (const w of childrenOf(primary.pid)) process.kill(w, 'SIGKILL');
       primary.kill('SIGKILL');
+    }
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('PM2: 4 instances in cluster mode under pm2-runtime, the cron job in one at a time', { timeout: 60_000 }, async () => {
+  const { dir, db, ticks: file } = files();
+  // pm2-runtime runs PM2 in the foreground (as in a container): the
+  // instances are its children, and PM2_HOME keeps its state in `dir`.
+  const runtime = spawn(process.execPath, [PM2_RUNTIME, path.join(here, 'ecosystem.config.js')], {
+    env: { ...process.env, APP_DB: db, APP_TICKS: file, SIDELEASE_MODULE: MODULE, PM2_HOME: path.join(dir, 'pm2') },
+    stdio: ['ignore', 'ignore', 'inherit'],
+  });
+  try {
+    const instances = () => childrenOf(runtime.pid);
+    let leader = await tickingFrom(file, (p) => instances().includes(p));
+    const killed = [];
+    for (let i = 0; i < 2; i++) leader = await killAndFollow(file, leader, killed, instances);
+    const deadline = Date.now() + STEP;
+    while (instances().length < 4 && Date.now() < deadline) await sleep(20);
+    assert.equal(instances().length, 4, 'PM2 restarted the killed instances');
+    await sleep(1500);
+    assert.deepEqual(runs(file), [...killed, leader], 'each leader ticked in one run, the restarted ones follow');
+    // pm2-runtime stops every instance with SIGINT (pm2-app.js stops its
+    // elector) and exits.
+    const exited = new Promise((r) => runtime.once('exit', r));
+    runtime.kill('SIGINT');
+    await exited;
+    assert.deepEqual(instances(), []);
+    assert.equal(sidelease.inspect(db).state, 'free');
+  } finally {
+    if (runtime.exitCode === null && runtime.signalCode === null) {
+      for (const p of childrenOf(runtime.pid)) process.kill(p, 'SIGKILL');
+      runtime.kill('SIGKILL');
     }
     fs.rmSync(dir, { recursive: true, force: true });
   }
