@@ -16,6 +16,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::ffi::OsStr;
 use std::os::fd::BorrowedFd;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -190,31 +191,18 @@ pub(crate) fn scan(home: (u32, u32), current: Option<u64>, me: &Me<'_>, first_on
         }
     }
     if !unresolved.is_empty() {
-        let found = find_holders(&unresolved);
-        for (key, pid, fd) in &found {
-            examine(&mut out, me, *pid, *fd, *key);
-            if first_only && !out.orphans.is_empty() {
-                return out;
-            }
+        let (missing, bare) = attribute(&mut out, me, &unresolved, first_only);
+        if first_only && !out.orphans.is_empty() {
+            return out;
         }
-        let missing: Vec<KernelKey> = unresolved
-            .iter()
-            .filter(|k| !found.iter().any(|(f, _, _)| f == *k))
-            .copied()
-            .collect();
         if !missing.is_empty() {
-            // A lock whose holder was found nowhere may simply be gone by
-            // now (its process exited during the scan): count only those
-            // the kernel still lists.
-            let still = locks::exclusive_flock_locks().unwrap_or(all.clone());
-            out.unattributed += missing
-                .iter()
-                .filter(|k| {
-                    still
-                        .iter()
-                        .any(|l| l.ino == k.ino && l.on_device(k.major, k.minor))
-                })
-                .count();
+            // Where this process cannot see every process the scan is
+            // incomplete anyway: nothing to wait for.
+            out.unattributed += if process::current().sees_everything() {
+                settle(&mut out, me, missing, &bare, first_only)
+            } else {
+                missing.len()
+            };
         }
     }
     out.complete = out.unattributed == 0 && process::current().sees_everything();
@@ -354,10 +342,111 @@ fn examine(out: &mut Scan, me: &Me<'_>, pid: u32, fd: u32, key: KernelKey) {
     }
 }
 
+/// Find the holders of `keys` (locks whose listed PID does not hold them)
+/// among every process and examine each: the keys left without one, and
+/// the processes seen with no descriptor open (see [`settle`]).
+fn attribute(
+    out: &mut Scan,
+    me: &Me<'_>,
+    keys: &[KernelKey],
+    first_only: bool,
+) -> (Vec<KernelKey>, Vec<u32>) {
+    let (found, bare) = find_holders(keys);
+    for (key, pid, fd) in &found {
+        examine(out, me, *pid, *fd, *key);
+        if first_only && !out.orphans.is_empty() {
+            break;
+        }
+    }
+    let left = keys
+        .iter()
+        .filter(|k| !found.iter().any(|(f, _, _)| f == *k))
+        .copied()
+        .collect();
+    (left, bare)
+}
+
+/// The longest a scan waits for locks whose holder is on its way out (see
+/// [`settle`]): their release took up to 36 ms here with both cores busy.
+const SETTLE_LIMIT: Duration = Duration::from_millis(100);
+
+/// How many of `missing` (listed by the kernel, held through no descriptor
+/// any process shows) stay so: those the scan cannot attribute.
+///
+/// Such a lock is nearly always one whose holder is exiting. The kernel
+/// takes an exiting process's descriptors out of /proc before it closes
+/// them; the close of a lease file waits for the files opened after it
+/// (closed newest first: an inotify instance with watches waits for an RCU
+/// grace period), and a last close after the process's final step is left
+/// to a kernel worker a tick later. That takes up to tens of milliseconds.
+/// Counted at once, every acquisition on the machine meanwhile ran an
+/// incomplete guard, and a new lease file waited out its grace for a
+/// process that was not its holder (found by running the Rust test
+/// binaries side by side, where `lead`'s tests kill holders).
+///
+/// So while a missing lock's listed PID is on its way out or gone, or a
+/// process seen without descriptors (`bare`) is on its way out, the scan
+/// looks again each millisecond, up to [`SETTLE_LIMIT`]: a lock gone by
+/// then does not count, nor one whose holder is found by then (a descriptor
+/// received from a Unix socket). One that stays (a descriptor in flight, a
+/// process hidden from this one) counts, and the scan is incomplete. With
+/// no process leaving, nothing is waited for.
+fn settle(
+    out: &mut Scan,
+    me: &Me<'_>,
+    mut missing: Vec<KernelKey>,
+    bare: &[u32],
+    first_only: bool,
+) -> usize {
+    let mut exiting: Vec<(u32, u64)> = bare
+        .iter()
+        .filter_map(|&pid| Some((pid, process::start_time(pid)?)))
+        .collect();
+    let deadline = Instant::now() + SETTLE_LIMIT;
+    let mut waited = false;
+    loop {
+        let Ok(still) = locks::exclusive_flock_locks() else {
+            return missing.len();
+        };
+        let listed = |k: &KernelKey| {
+            still
+                .iter()
+                .find(|l| l.ino == k.ino && l.on_device(k.major, k.minor))
+        };
+        missing.retain(|k| listed(k).is_some());
+        if missing.is_empty() {
+            return 0;
+        }
+        // `exited` cannot tell (None) while a process is on its way out.
+        exiting.retain(|&(pid, start)| process::exited(pid, start).is_none());
+        let taker_leaving =
+            missing
+                .iter()
+                .filter_map(listed)
+                .any(|l| match process::start_time(l.pid) {
+                    None => true,
+                    Some(start) => process::exited(l.pid, start) != Some(false),
+                });
+        let leaving = taker_leaving || !exiting.is_empty();
+        if !leaving || Instant::now() >= deadline {
+            break;
+        }
+        crate::faults::step("guard.settle");
+        std::thread::sleep(Duration::from_millis(1));
+        waited = true;
+    }
+    if waited {
+        missing = attribute(out, me, &missing, first_only).0;
+    }
+    missing.len()
+}
+
 /// Look through every visible process for the descriptors that own the
-/// given locks (one pass for all of them).
-fn find_holders(keys: &[KernelKey]) -> Vec<(KernelKey, u32, u32)> {
+/// given locks (one pass for all of them), and the processes seen with no
+/// descriptor open: kernel threads, and processes on their way out.
+fn find_holders(keys: &[KernelKey]) -> (Vec<(KernelKey, u32, u32)>, Vec<u32>) {
     let mut found = Vec::new();
+    let mut bare = Vec::new();
     let mut left: Vec<KernelKey> = keys.to_vec();
     for pid in process::all_pids().unwrap_or_default() {
         if left.is_empty() {
@@ -366,6 +455,9 @@ fn find_holders(keys: &[KernelKey]) -> Vec<(KernelKey, u32, u32)> {
         let FdScan::Found(fds) = process::fds_of(pid) else {
             continue;
         };
+        if fds.is_empty() {
+            bare.push(pid);
+        }
         for fd in fds {
             let Ok(st) = process::stat_fd(pid, fd) else {
                 continue;
@@ -382,5 +474,5 @@ fn find_holders(keys: &[KernelKey]) -> Vec<(KernelKey, u32, u32)> {
             }
         }
     }
-    found
+    (found, bare)
 }
