@@ -463,7 +463,18 @@ fn a_release_on_a_shared_session_waits_out_a_fencing_transaction_holding_the_loc
             ))
         })
     };
-    std::thread::sleep(Duration::from_millis(300));
+    // Until the transaction is in its sleep, so past its FOR SHARE (a
+    // fixed head start lost the race to psql's start on a busy machine).
+    eventually(
+        "the fencing transaction holds its row",
+        Duration::from_secs(10),
+        || {
+            psql(&format!(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE wait_event = 'PgSleep' AND query LIKE '%{name}%FOR SHARE%'"
+            )) == "1"
+        },
+    );
     let watcher = {
         let name = name.clone();
         std::thread::spawn(move || {
