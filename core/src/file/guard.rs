@@ -197,12 +197,14 @@ pub(crate) fn scan(home: (u32, u32), current: Option<u64>, me: &Me<'_>, first_on
         }
         if !missing.is_empty() {
             // Where this process cannot see every process the scan is
-            // incomplete anyway: nothing to wait for.
-            out.unattributed += if process::current().sees_everything() {
-                settle(&mut out, me, missing, &bare, first_only)
+            // incomplete anyway: nothing to wait for, but a lock released
+            // while the scan ran still does not count.
+            let limit = if process::current().sees_everything() {
+                SETTLE_LIMIT
             } else {
-                missing.len()
+                Duration::ZERO
             };
+            out.unattributed += settle(&mut out, me, missing, &bare, first_only, limit);
         }
     }
     out.complete = out.unattributed == 0 && process::current().sees_everything();
@@ -386,7 +388,8 @@ const SETTLE_LIMIT: Duration = Duration::from_millis(100);
 ///
 /// So while a missing lock's listed PID is on its way out or gone, or a
 /// process seen without descriptors (`bare`) is on its way out, the scan
-/// looks again each millisecond, up to [`SETTLE_LIMIT`]: a lock gone by
+/// looks again each millisecond, up to `limit` ([`SETTLE_LIMIT`]; zero
+/// looks once and never waits): a lock gone by
 /// then does not count, nor one whose holder is found by then (a descriptor
 /// received from a Unix socket). One that stays (a descriptor in flight, a
 /// process hidden from this one) counts, and the scan is incomplete. With
@@ -397,12 +400,16 @@ fn settle(
     mut missing: Vec<KernelKey>,
     bare: &[u32],
     first_only: bool,
+    limit: Duration,
 ) -> usize {
-    let mut exiting: Vec<(u32, u64)> = bare
-        .iter()
-        .filter_map(|&pid| Some((pid, process::start_time(pid)?)))
-        .collect();
-    let deadline = Instant::now() + SETTLE_LIMIT;
+    let mut exiting: Vec<(u32, u64)> = if limit.is_zero() {
+        Vec::new()
+    } else {
+        bare.iter()
+            .filter_map(|&pid| Some((pid, process::start_time(pid)?)))
+            .collect()
+    };
+    let deadline = Instant::now() + limit;
     let mut waited = false;
     loop {
         let Ok(still) = locks::exclusive_flock_locks() else {
@@ -417,6 +424,9 @@ fn settle(
         if missing.is_empty() {
             return 0;
         }
+        if Instant::now() >= deadline {
+            break;
+        }
         // `exited` cannot tell (None) while a process is on its way out.
         exiting.retain(|&(pid, start)| process::exited(pid, start).is_none());
         let taker_leaving =
@@ -427,8 +437,7 @@ fn settle(
                     None => true,
                     Some(start) => process::exited(l.pid, start) != Some(false),
                 });
-        let leaving = taker_leaving || !exiting.is_empty();
-        if !leaving || Instant::now() >= deadline {
+        if !taker_leaving && exiting.is_empty() {
             break;
         }
         crate::faults::step("guard.settle");
@@ -475,4 +484,86 @@ fn find_holders(keys: &[KernelKey]) -> (Vec<(KernelKey, u32, u32)>, Vec<u32>) {
         }
     }
     (found, bare)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+    use std::process::{Command, Stdio};
+
+    fn key_of(path: &Path) -> KernelKey {
+        let st = rustix::fs::stat(path).unwrap();
+        KernelKey {
+            major: rustix::fs::major(st.st_dev),
+            minor: rustix::fs::minor(st.st_dev),
+            ino: st.st_ino,
+        }
+    }
+
+    fn settle_for(path: &Path, limit: Duration) -> (usize, Duration) {
+        let me = Me {
+            lease_path: path,
+            spelled: path,
+            target: path,
+            name: OsStr::new("x"),
+            dir: (0, 0),
+            file_dev: None,
+        };
+        let started = Instant::now();
+        let left = settle(
+            &mut Scan::default(),
+            &me,
+            vec![key_of(path)],
+            &[],
+            false,
+            limit,
+        );
+        (left, started.elapsed())
+    }
+
+    /// Where a process cannot see every process (`limit` zero) the scan
+    /// still looks once more: a lock released while it ran does not count.
+    #[test]
+    fn a_lock_gone_by_the_second_look_does_not_count_even_without_waiting() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("released");
+        std::fs::write(&path, b"").unwrap();
+        assert_eq!(settle_for(&path, Duration::ZERO).0, 0);
+        assert_eq!(settle_for(&path, SETTLE_LIMIT).0, 0);
+    }
+
+    /// A lock whose listed PID is gone (its descriptor kept by a process it
+    /// started): with a limit the scan waits and then finds the keeper;
+    /// with none it counts the lock at once.
+    #[test]
+    fn a_zero_limit_never_waits_for_a_taker_that_is_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("inherited");
+        std::fs::write(&path, b"").unwrap();
+        // The shell takes the lock, leaves it to a `sleep` and exits.
+        let mut sh = Command::new("sh")
+            .arg("-c")
+            .arg("exec 9>\"$1\"; flock -x 9; sleep 30 </dev/null >/dev/null 2>&1 & echo $!")
+            .arg("sh")
+            .arg(&path)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = String::new();
+        sh.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+        sh.wait().unwrap();
+        let keeper: i32 = out.trim().parse().unwrap();
+        let (zero, took) = settle_for(&path, Duration::ZERO);
+        let (limited, waited) = settle_for(&path, SETTLE_LIMIT);
+        rustix::process::kill_process(
+            rustix::process::Pid::from_raw(keeper).unwrap(),
+            rustix::process::Signal::KILL,
+        )
+        .unwrap();
+        assert_eq!(zero, 1, "counted at once");
+        assert!(took < Duration::from_millis(50), "did not wait: {took:?}");
+        assert_eq!(limited, 0, "the keeper was found after the wait");
+        assert!(waited >= SETTLE_LIMIT, "waited the limit: {waited:?}");
+    }
 }
