@@ -492,13 +492,23 @@ mod tests {
     use std::io::Read;
     use std::process::{Command, Stdio};
 
-    fn key_of(path: &Path) -> KernelKey {
-        let st = rustix::fs::stat(path).unwrap();
-        KernelKey {
-            major: rustix::fs::major(st.st_dev),
-            minor: rustix::fs::minor(st.st_dev),
-            ino: st.st_ino,
+    /// A scan settles only where the platform lists the machine's locks
+    /// (not the portable one: its scan ends before).
+    fn lock_table() -> bool {
+        let listed = locks::exclusive_flock_locks().is_ok();
+        if !listed {
+            eprintln!("not given: this platform lists no locks");
         }
+        listed
+    }
+
+    /// The key the kernel lists a lock on `path` under.
+    fn key_of(path: &Path) -> KernelKey {
+        use std::os::fd::AsFd;
+        let f = std::fs::File::open(path).unwrap();
+        let (major, minor) = process::kernel_device(f.as_fd()).unwrap();
+        let ino = crate::platform::stat::stat(path).unwrap().st_ino;
+        KernelKey { major, minor, ino }
     }
 
     fn settle_for(path: &Path, limit: Duration) -> (usize, Duration) {
@@ -526,6 +536,9 @@ mod tests {
     /// still looks once more: a lock released while it ran does not count.
     #[test]
     fn a_lock_gone_by_the_second_look_does_not_count_even_without_waiting() {
+        if !lock_table() {
+            return;
+        }
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("released");
         std::fs::write(&path, b"").unwrap();
@@ -538,6 +551,9 @@ mod tests {
     /// with none it counts the lock at once.
     #[test]
     fn a_zero_limit_never_waits_for_a_taker_that_is_gone() {
+        if !lock_table() {
+            return;
+        }
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("inherited");
         std::fs::write(&path, b"").unwrap();
