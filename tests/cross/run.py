@@ -317,8 +317,8 @@ def run_scenario(sc: Dict[str, Any], holder: str, contender: str,
         ctx.close()
 
 
-# Checks that bound no time and run their processes under SCHED_IDLE: they
-# go beside the scenarios (see main).
+# Checks that bound no time and run their processes under SCHED_IDLE (the
+# fork storm: 72 s of CPU-bound forking): they go beside the scenarios.
 BESIDE = {"fork storm"}
 
 
@@ -356,9 +356,8 @@ def main() -> int:
         (name, check) for name, check in faults.CHECKS + defence.CHECKS + degraded.CHECKS + partition.CHECKS
         if not (args.check and not any(c in name for c in args.check.split(",")))
     ]
-    # Checks that bound no time and run under SCHED_IDLE go beside the
-    # scenarios, which mostly wait (the fork storm: 72 s of forking,
-    # CPU-bound, one check after another); each is reported in its place.
+    # BESIDE's checks start now, beside the scenarios, which mostly wait;
+    # each is reported in its place below.
     side = ThreadPoolExecutor(max_workers=1)
     beside = {name: side.submit(_timed, check, args.soak) for name, check in checks
               if name in BESIDE and not (portable and name in PORTABLE_GIVES_NOT)}
