@@ -342,3 +342,55 @@ fn a_lost_holder_records_no_clean_release_and_the_next_generation_is_larger() {
     assert_eq!(next.previous_released_cleanly(), None);
     assert!(next.previous().is_none());
 }
+
+/// A holder whose lease file was deleted over and over keeps only the
+/// newest of its former files (16) and lets the rest go. The number of an
+/// inode let go comes back on the next file made (ext4 reuses it at once):
+/// that file, another database's lease file, is not this lease's, and
+/// acquiring it must not share this lease (it did: the registry kept every
+/// file the lease ever held).
+#[test]
+fn a_file_a_lease_let_go_is_not_shared_when_its_inode_number_comes_back() {
+    use std::collections::HashSet;
+    use std::os::unix::fs::MetadataExt;
+    let d = dir();
+    let a = Lease::acquire(d.path().join("a.db"), &Options::new()).unwrap();
+    let file = a.lease_path().to_path_buf();
+    let mut former = HashSet::new();
+    for _ in 0..24 {
+        let ino = std::fs::metadata(&file).unwrap().ino();
+        former.insert(ino);
+        std::fs::remove_file(&file).unwrap();
+        // The holder's watch puts a file back.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while std::fs::metadata(&file).map_or(true, |m| m.ino() == ino || m.len() == 0) {
+            assert!(
+                Instant::now() < deadline,
+                "the holder never put its file back"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    assert_eq!(a.check().unwrap(), Check::Held);
+    // Only a file let go (closed, unlinked) can give its number back.
+    let mut reused = None;
+    for i in 0..2000 {
+        let p = d.path().join(format!("b{i}.db.backend-lease"));
+        std::fs::write(&p, b"").unwrap();
+        if former.contains(&std::fs::metadata(&p).unwrap().ino()) {
+            reused = Some(d.path().join(format!("b{i}.db")));
+            break;
+        }
+    }
+    let Some(b) = reused else {
+        eprintln!("not given: this filesystem gave no inode number back");
+        return;
+    };
+    let lb = Lease::acquire(&b, &Options::new().split_guard(false)).unwrap();
+    assert_eq!(
+        lb.target(),
+        b.as_path(),
+        "another database's lease was shared"
+    );
+    assert_ne!(lb.record().nonce, a.record().nonce);
+}

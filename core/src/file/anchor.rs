@@ -360,12 +360,15 @@ fn reanchor(shared: &Arc<Shared>, path: &Path, replaced: bool) -> Outcome {
             key,
         );
     };
-    push_anchor(&mut st, anchor);
+    let let_go = push_anchor(&mut st, anchor);
     st.failing_since = None;
     st.contended = None;
     drop(st);
     let reg = registry::get();
     let mut g = reg.lock();
+    // A file let go is no longer this lease's: its inode number may name
+    // another lease file tomorrow, which must not be shared as this one.
+    g.forget(shared, let_go);
     if matches!(shared.state().phase, Phase::Held) {
         g.insert(key, shared.clone());
     }
@@ -373,7 +376,10 @@ fn reanchor(shared: &Arc<Shared>, path: &Path, replaced: bool) -> Outcome {
     Outcome::Whole
 }
 
-fn push_anchor(st: &mut State, anchor: Anchor) {
+/// Add `anchor`, letting the oldest but the first go past [`MAX_ANCHORS`]:
+/// the files let go.
+fn push_anchor(st: &mut State, anchor: Anchor) -> Vec<Key> {
+    let mut let_go = Vec::new();
     st.anchors.push(anchor);
     while st.anchors.len() > MAX_ANCHORS {
         // Keep the first (an inherited descriptor may be its copy) and the
@@ -385,7 +391,9 @@ fn push_anchor(st: &mut State, anchor: Anchor) {
         }
         let _ = rustix::fs::flock(old.fd(), FlockOperation::Unlock);
         registry::close_listed(old.fd, old.slot);
+        let_go.push(old.key);
     }
+    let_go
 }
 
 fn open_for_anchor(

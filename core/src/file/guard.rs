@@ -12,7 +12,7 @@
 //! file name, or its canonical path (which survives the directory being
 //! renamed, replaced or mounted over).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::os::fd::BorrowedFd;
 use std::path::Path;
@@ -145,7 +145,7 @@ pub(crate) fn scan(home: (u32, u32), current: Option<u64>, me: &Me<'_>, first_on
     };
     crate::faults::step("guard.listed");
     let (major, minor) = home;
-    let own = own_leases_elsewhere(me);
+    let own = OwnLeases::new(me);
     // One look at each holder's descriptors for all its candidates: a
     // process holding many leases is read once, not once per lease.
     let mut by_pid: BTreeMap<u32, Vec<KernelKey>> = BTreeMap::new();
@@ -154,7 +154,7 @@ pub(crate) fn scan(home: (u32, u32), current: Option<u64>, me: &Me<'_>, first_on
         if at_home && Some(l.ino) == current {
             continue;
         }
-        if at_home && l.pid == process::pid() && own.contains(&l.ino) {
+        if at_home && l.pid == process::pid() && own.elsewhere(l.ino) {
             continue;
         }
         by_pid.entry(l.pid).or_default().push(KernelKey {
@@ -163,6 +163,7 @@ pub(crate) fn scan(home: (u32, u32), current: Option<u64>, me: &Me<'_>, first_on
             ino: l.ino,
         });
     }
+    drop(own); // the registry's lock: nothing below may hold it
     let mut unresolved: Vec<KernelKey> = Vec::new();
     for (pid, keys) in by_pid {
         crate::faults::step("guard.process");
@@ -302,19 +303,34 @@ fn may_own(me: &Me<'_>, pid: u32) -> bool {
     }
 }
 
-/// Inodes of lease files this process holds (every anchor, former ones
-/// too) on the lease file's filesystem whose records name another lease:
-/// the registry knows what it wrote there, so they need no reading. (A
-/// record someone overwrote is put back by the holder's watch.)
-fn own_leases_elsewhere(me: &Me<'_>) -> HashSet<u64> {
-    let (Some(dev), Some(reg)) = (me.file_dev, registry::existing()) else {
-        return HashSet::new();
-    };
-    reg.lock()
-        .held_on(dev)
-        .filter(|(_, s)| !me.owns(&s.record))
-        .map(|(ino, _)| ino)
-        .collect()
+/// Lease files this process holds (every anchor, former ones too) on the
+/// lease file's filesystem whose records name another lease: the registry
+/// knows what it wrote there, so they need no reading. (A record someone
+/// overwrote is put back by the holder's watch.) Each is looked up as the
+/// kernel lists it, under one lock of the registry for the whole listing:
+/// a set of every held lease, built for each scan, made a new lease file's
+/// acquisition grow with the number held (issue 38).
+struct OwnLeases<'a, 'm> {
+    me: &'a Me<'m>,
+    held: Option<(u64, std::sync::MutexGuard<'static, registry::Inner>)>,
+}
+
+impl<'a, 'm> OwnLeases<'a, 'm> {
+    fn new(me: &'a Me<'m>) -> Self {
+        let held = me
+            .file_dev
+            .zip(registry::existing())
+            .map(|(dev, reg)| (dev, reg.lock()));
+        OwnLeases { me, held }
+    }
+
+    fn elsewhere(&self, ino: u64) -> bool {
+        let Some((dev, g)) = &self.held else {
+            return false;
+        };
+        g.holder_of((*dev, ino))
+            .is_some_and(|s| !self.me.owns(&s.record))
+    }
 }
 
 /// Is the lock `key`, held by `pid` through `fd`, a former file of this

@@ -29,7 +29,6 @@ impl Held for FileHold {
         if !s.drop_handle() {
             return Ok(());
         }
-        g.forget(s);
         let (anchors, inherited, lost) = {
             let mut st = s.state();
             let lost = matches!(st.phase, Phase::Lost(_));
@@ -39,9 +38,10 @@ impl Held for FileHold {
             };
             (std::mem::take(&mut st.anchors), st.inherited, lost)
         };
+        g.forget(s, anchors.iter().map(|a| a.key));
         // Wake whoever waits on the lost descriptor: the wait is over.
         s.ring_lost_fd();
-        crate::file::watch::forget(s);
+        crate::file::watch::forget(s, !g.holds_any());
         let stamp = record::now_rfc3339();
         let mut probe = None;
         for a in anchors {

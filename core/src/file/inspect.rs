@@ -161,8 +161,8 @@ pub(crate) fn inspect(target: &Path, options: &Options) -> Result<Inspection> {
 
 /// Whether this process holds the lease file `key` (its registry says).
 fn held_here(key: Option<(u64, u64)>) -> bool {
-    key.is_some_and(|(dev, ino)| {
-        crate::registry::existing().is_some_and(|r| r.lock().held_on(dev).any(|(i, _)| i == ino))
+    key.is_some_and(|key| {
+        crate::registry::existing().is_some_and(|r| r.lock().holder_of(key).is_some())
     })
 }
 

@@ -13,7 +13,8 @@
 //! for writes (`IN_MODIFY`), so a record someone truncated or overwrote is
 //! written back at once; the holder's own writes at acquisition and release
 //! come before and after that, so a cycle of acquire and release never
-//! wakes the thread.
+//! wakes the thread. Those watches start in batches, at most once per
+//! [`CONTENT_AFTER`]: a wake-up looks at every held lease.
 //!
 //! Where inotify cannot be had (the user's instances or watches are spent),
 //! the lease is looked at on a timer instead ([`POLL_EVERY`]), and watched
@@ -108,6 +109,13 @@ struct WState {
     /// Changes that need it sooner wake it, and only then: a cycle of
     /// acquire and release makes no call to wake it.
     planned: Option<Instant>,
+    /// When content watches were last started: the next start waits
+    /// [`CONTENT_AFTER`] after it (see `next_sleep`).
+    content_ran: Option<Instant>,
+    /// The watches given to each lease (by its address, which its weak
+    /// references in `entries` keep from being reused): a lease that ends
+    /// finds its own without looking at every watch.
+    by_lease: HashMap<usize, Vec<i32>>,
     entries: HashMap<i32, Entry>,
     dirs: Dirs,
     /// Some held lease may lack the watch of its path's directories.
@@ -141,6 +149,37 @@ struct Entry {
     content: bool,
     /// When to start watching writes.
     content_at: Option<Instant>,
+}
+
+impl WState {
+    /// The entry of watch `wd`, now `shared`'s.
+    fn own(&mut self, wd: i32, shared: &Arc<Shared>) -> &mut Entry {
+        let wds = self
+            .by_lease
+            .entry(Arc::as_ptr(shared) as usize)
+            .or_default();
+        if !wds.contains(&wd) {
+            wds.push(wd);
+        }
+        let e = self.entries.entry(wd).or_default();
+        e.lease = Some(Arc::downgrade(shared));
+        e
+    }
+
+    /// Watch `wd` is no more (or no longer wanted).
+    fn remove(&mut self, wd: i32) {
+        let Some(e) = self.entries.remove(&wd) else {
+            return;
+        };
+        let Some(l) = e.lease else { return };
+        let at = l.as_ptr() as usize;
+        if let Some(wds) = self.by_lease.get_mut(&at) {
+            wds.retain(|w| *w != wd);
+            if wds.is_empty() {
+                self.by_lease.remove(&at);
+            }
+        }
+    }
 }
 
 static WATCHER: AtomicPtr<Watcher> = AtomicPtr::new(ptr::null_mut());
@@ -340,6 +379,7 @@ impl Watcher {
             if fds.0.is_some() {
                 INOTIFY_FD.store(-1, Ordering::Release);
                 st.entries.clear();
+                st.by_lease.clear();
                 st.dirs.clear();
             }
             if fds.1.is_some() {
@@ -357,10 +397,13 @@ impl Watcher {
         for (_, at) in &st.retry {
             soonest(*at);
         }
-        for e in st.entries.values() {
-            if let Some(at) = e.content_at {
-                soonest(at);
-            }
+        // Content watches start together, at most once per CONTENT_AFTER:
+        // each at its own time, leases acquired one after another woke the
+        // thread once per acquisition, and every wake-up looks at every
+        // held lease (10,000 held made the thread busy and each acquisition
+        // 3× slower). A lease's watch so starts within twice CONTENT_AFTER.
+        if let Some(at) = st.entries.values().filter_map(|e| e.content_at).min() {
+            soonest(st.content_ran.map_or(at, |r| at.max(r + CONTENT_AFTER)));
         }
         if let Some(t) = st.next_poll {
             soonest(t);
@@ -444,7 +487,7 @@ impl Watcher {
                 Heard::Nothing => {}
             }
             if ev.gone {
-                st.entries.remove(&wd);
+                st.remove(wd);
                 return;
             }
             let Some(e) = st.entries.get_mut(&wd) else {
@@ -462,7 +505,7 @@ impl Watcher {
                     // A file nobody here holds any more: stop hearing about
                     // it. Under the lock, so an acquisition that is adding
                     // this very watch again cannot lose it.
-                    st.entries.remove(&wd);
+                    st.remove(wd);
                     fsevents::unwatch(events, wd);
                 }
             }
@@ -541,8 +584,7 @@ pub(crate) fn attach(t: Ticket, shared: &Arc<Shared>) {
     };
     let wake = {
         let mut st = w.state();
-        let e = st.entries.entry(wd).or_default();
-        e.lease = Some(Arc::downgrade(shared));
+        let e = st.own(wd, shared);
         e.key = key;
         e.pending = e.pending.saturating_sub(1);
         let content_at = now + CONTENT_AFTER;
@@ -600,8 +642,7 @@ pub(crate) fn add_anchor(shared: &Arc<Shared>, fd: BorrowedFd<'_>, key: Key) {
         .and_then(|i| fsevents::watch_held(i.as_fd(), fd.as_raw_fd(), true).ok());
     match wd {
         Some(wd) => {
-            let e = st.entries.entry(wd).or_default();
-            e.lease = Some(Arc::downgrade(shared));
+            let e = st.own(wd, shared);
             e.key = Some(key);
             e.content = true;
             st.chains_wanted = true;
@@ -626,26 +667,34 @@ pub(crate) fn retry_at(shared: &Arc<Shared>, at: Instant) {
 }
 
 /// The lease ended: its watches stay (kept for the next hold), unowned.
-pub(crate) fn forget(shared: &Arc<Shared>) {
+/// `last`: no other lease file is held by this process now. Looks only at
+/// this lease's own watches: a release costs the same with 10,000 others
+/// held.
+pub(crate) fn forget(shared: &Arc<Shared>, last: bool) {
     // SAFETY: the watcher is a leaked box, never freed.
     let Some(w) = (unsafe { WATCHER.load(Ordering::Acquire).as_ref() }) else {
         return;
     };
     let mut st = w.state();
-    let mut others = false;
-    for e in st.entries.values_mut() {
-        if e.lease
-            .as_ref()
-            .is_some_and(|l| ptr::eq(l.as_ptr(), Arc::as_ptr(shared)))
-        {
-            e.lease = None;
-            e.content_at = None;
+    let mine = |l: &Weak<Shared>| ptr::eq(l.as_ptr(), Arc::as_ptr(shared));
+    for wd in st
+        .by_lease
+        .remove(&(Arc::as_ptr(shared) as usize))
+        .unwrap_or_default()
+    {
+        if let Some(e) = st.entries.get_mut(&wd) {
+            if e.lease.as_ref().is_some_and(mine) {
+                e.lease = None;
+                e.content_at = None;
+            }
         }
-        others |= e.pending > 0 || e.lease.as_ref().is_some_and(|l| l.strong_count() > 0);
     }
-    st.polled
-        .retain(|l| !ptr::eq(l.as_ptr(), Arc::as_ptr(shared)) && l.strong_count() > 0);
-    others |= !st.polled.is_empty();
+    if !st.polled.is_empty() {
+        st.polled.retain(|l| !mine(l) && l.strong_count() > 0);
+    }
+    // (An acquisition under way that is not counted here wakes the thread
+    // itself if it needs it.)
+    let others = !last || !st.polled.is_empty();
     // The last lease: the thread starts counting towards closing the
     // instance, unless it wakes soon enough anyway.
     let now = Instant::now();
@@ -722,33 +771,5 @@ pub(crate) fn after_fork_in_child() {
     let old = WATCHER.swap(ptr::null_mut(), Ordering::AcqRel);
     if !old.is_null() {
         ABANDONED.store(old, Ordering::Release);
-    }
-}
-
-/// The deepest directory of `lease_path` that exists now (where its
-/// missing parts will be made).
-fn deepest_existing(lease_path: &std::path::Path) -> Option<std::path::PathBuf> {
-    let mut d = crate::path::parent_of(lease_path);
-    loop {
-        if std::fs::metadata(d).is_ok_and(|m| m.is_dir()) {
-            return Some(d.to_path_buf());
-        }
-        let up = d.parent()?;
-        if up.as_os_str().is_empty() {
-            return None;
-        }
-        d = up;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn deepest_existing_directory() {
-        let d = tempfile::tempdir().unwrap();
-        let lease = d.path().join("a/b/app.db.backend-lease");
-        assert_eq!(super::deepest_existing(&lease).as_deref(), Some(d.path()));
-        std::fs::create_dir_all(d.path().join("a/b")).unwrap();
-        assert_eq!(super::deepest_existing(&lease), Some(d.path().join("a/b")));
     }
 }

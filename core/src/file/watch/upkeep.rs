@@ -20,6 +20,9 @@ impl Watcher {
                     due.push((*wd, s, key));
                 }
             }
+            if !due.is_empty() {
+                st.content_ran = Some(now);
+            }
             due
         };
         let Some(events) = self.state().events.as_ref().map(|f| f.as_raw_fd()) else {
@@ -177,8 +180,7 @@ impl Watcher {
         for a in &sst.anchors {
             match fsevents::watch_held(events, a.fd, true) {
                 Ok(wd) => {
-                    let e = st.entries.entry(wd).or_default();
-                    e.lease = Some(Arc::downgrade(s));
+                    let e = st.own(wd, s);
                     e.key = Some(a.key);
                     e.content = true;
                 }
@@ -186,5 +188,33 @@ impl Watcher {
             }
         }
         true
+    }
+}
+
+/// The deepest directory of `lease_path` that exists now (where its
+/// missing parts will be made).
+fn deepest_existing(lease_path: &std::path::Path) -> Option<std::path::PathBuf> {
+    let mut d = crate::path::parent_of(lease_path);
+    loop {
+        if std::fs::metadata(d).is_ok_and(|m| m.is_dir()) {
+            return Some(d.to_path_buf());
+        }
+        let up = d.parent()?;
+        if up.as_os_str().is_empty() {
+            return None;
+        }
+        d = up;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn deepest_existing_directory() {
+        let d = tempfile::tempdir().unwrap();
+        let lease = d.path().join("a/b/app.db.backend-lease");
+        assert_eq!(super::deepest_existing(&lease).as_deref(), Some(d.path()));
+        std::fs::create_dir_all(d.path().join("a/b")).unwrap();
+        assert_eq!(super::deepest_existing(&lease), Some(d.path().join("a/b")));
     }
 }
