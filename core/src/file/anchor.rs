@@ -366,9 +366,15 @@ fn reanchor(shared: &Arc<Shared>, path: &Path, replaced: bool) -> Outcome {
     drop(st);
     let reg = registry::get();
     let mut g = reg.lock();
-    // A file let go is no longer this lease's: its inode number may name
-    // another lease file tomorrow, which must not be shared as this one.
-    g.forget(shared, let_go);
+    // A file let go is no longer this lease's: once closed its inode
+    // number may name another lease file, which must not be shared as
+    // this one. So it leaves the registry first, and is closed under the
+    // registry's lock, which every sharing takes.
+    g.forget(shared, let_go.iter().map(|a| a.key));
+    for old in let_go {
+        let _ = rustix::fs::flock(old.fd(), FlockOperation::Unlock);
+        registry::close_listed(old.fd, old.slot);
+    }
     if matches!(shared.state().phase, Phase::Held) {
         g.insert(key, shared.clone());
     }
@@ -376,9 +382,9 @@ fn reanchor(shared: &Arc<Shared>, path: &Path, replaced: bool) -> Outcome {
     Outcome::Whole
 }
 
-/// Add `anchor`, letting the oldest but the first go past [`MAX_ANCHORS`]:
-/// the files let go.
-fn push_anchor(st: &mut State, anchor: Anchor) -> Vec<Key> {
+/// Add `anchor`, taking the oldest but the first out past [`MAX_ANCHORS`]:
+/// the files to let go (still open and locked).
+fn push_anchor(st: &mut State, anchor: Anchor) -> Vec<Anchor> {
     let mut let_go = Vec::new();
     st.anchors.push(anchor);
     while st.anchors.len() > MAX_ANCHORS {
@@ -389,9 +395,7 @@ fn push_anchor(st: &mut State, anchor: Anchor) -> Vec<Key> {
             st.anchors.insert(1, old);
             break;
         }
-        let _ = rustix::fs::flock(old.fd(), FlockOperation::Unlock);
-        registry::close_listed(old.fd, old.slot);
-        let_go.push(old.key);
+        let_go.push(old);
     }
     let_go
 }

@@ -41,7 +41,7 @@ impl Held for FileHold {
         g.forget(s, anchors.iter().map(|a| a.key));
         // Wake whoever waits on the lost descriptor: the wait is over.
         s.ring_lost_fd();
-        crate::file::watch::forget(s, !g.holds_any());
+        crate::file::watch::forget(s);
         let stamp = record::now_rfc3339();
         let mut probe = None;
         for a in anchors {

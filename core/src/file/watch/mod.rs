@@ -52,6 +52,7 @@ use crate::registry::Key;
 use crate::service::Service;
 
 mod order;
+mod table;
 mod upkeep;
 
 pub(crate) use order::{above_instances, prepare, Attempt};
@@ -112,6 +113,14 @@ struct WState {
     /// When content watches were last started: the next start waits
     /// [`CONTENT_AFTER`] after it (see `next_sleep`).
     content_ran: Option<Instant>,
+    /// The content watches to start, by when (an entry whose `content_at`
+    /// no longer says so was released or held again since, and is passed
+    /// over): the thread finds the next one without looking at every
+    /// watch.
+    content_due: std::collections::VecDeque<(Instant, i32)>,
+    /// Acquisitions that set a watch and have not finished yet (the sum of
+    /// the entries' `pending`).
+    pending: usize,
     /// The watches given to each lease (by its address, which its weak
     /// references in `entries` keep from being reused): a lease that ends
     /// finds its own without looking at every watch.
@@ -149,37 +158,6 @@ struct Entry {
     content: bool,
     /// When to start watching writes.
     content_at: Option<Instant>,
-}
-
-impl WState {
-    /// The entry of watch `wd`, now `shared`'s.
-    fn own(&mut self, wd: i32, shared: &Arc<Shared>) -> &mut Entry {
-        let wds = self
-            .by_lease
-            .entry(Arc::as_ptr(shared) as usize)
-            .or_default();
-        if !wds.contains(&wd) {
-            wds.push(wd);
-        }
-        let e = self.entries.entry(wd).or_default();
-        e.lease = Some(Arc::downgrade(shared));
-        e
-    }
-
-    /// Watch `wd` is no more (or no longer wanted).
-    fn remove(&mut self, wd: i32) {
-        let Some(e) = self.entries.remove(&wd) else {
-            return;
-        };
-        let Some(l) = e.lease else { return };
-        let at = l.as_ptr() as usize;
-        if let Some(wds) = self.by_lease.get_mut(&at) {
-            wds.retain(|w| *w != wd);
-            if wds.is_empty() {
-                self.by_lease.remove(&at);
-            }
-        }
-    }
 }
 
 static WATCHER: AtomicPtr<Watcher> = AtomicPtr::new(ptr::null_mut());
@@ -347,21 +325,14 @@ impl Watcher {
     /// up while nothing is. `None`: the thread ends (paused, or idle long
     /// enough: then the instance is closed here, on the way out).
     fn next_sleep(&self, next_sweep: Instant, idle_since: &mut Option<Instant>) -> Option<Plan> {
-        // A lease's state is locked before the watcher's wherever both are
-        // (a caller re-anchoring in `ensure_held`), so the leases are looked
-        // at with the watcher's lock let go.
-        let any_held = self
-            .held()
-            .iter()
-            .any(|s| matches!(s.state().phase, Phase::Held));
+        // Nothing here looks at every lease: a wake-up for one more lease
+        // (its directory to watch) costs the same with 10,000 held. (A
+        // lost lease not yet released counts as held: the sweep passes
+        // it over.)
         let mut st = self.state();
-        let busy = st
-            .entries
-            .values()
-            .any(|e| e.pending > 0 || e.lease.as_ref().is_some_and(|l| l.strong_count() > 0))
-            || !st.retry.is_empty()
-            || !st.asked.is_empty()
-            || st.polled.iter().any(|w| w.strong_count() > 0);
+        st.polled.retain(|w| w.strong_count() > 0);
+        let any_held = !st.by_lease.is_empty() || !st.polled.is_empty();
+        let busy = any_held || st.pending > 0 || !st.retry.is_empty() || !st.asked.is_empty();
         let now = Instant::now();
         *idle_since = if busy {
             None
@@ -380,6 +351,8 @@ impl Watcher {
                 INOTIFY_FD.store(-1, Ordering::Release);
                 st.entries.clear();
                 st.by_lease.clear();
+                st.content_due.clear();
+                st.pending = 0;
                 st.dirs.clear();
             }
             if fds.1.is_some() {
@@ -402,7 +375,7 @@ impl Watcher {
         // thread once per acquisition, and every wake-up looks at every
         // held lease (10,000 held made the thread busy and each acquisition
         // 3× slower). A lease's watch so starts within twice CONTENT_AFTER.
-        if let Some(at) = st.entries.values().filter_map(|e| e.content_at).min() {
+        if let Some(at) = st.next_content() {
             soonest(st.content_ran.map_or(at, |r| at.max(r + CONTENT_AFTER)));
         }
         if let Some(t) = st.next_poll {
@@ -413,8 +386,17 @@ impl Watcher {
         }
         if let Some(t) = *idle_since {
             // While lingering, come round at least every CONTENT_LATE, so
-            // an acquisition meanwhile need not wake the thread.
-            soonest((t + LINGER).min(now + CONTENT_LATE));
+            // an acquisition meanwhile need not wake the thread. Past the
+            // linger with an attempt still in flight (a wait: the instance
+            // stays while it lasts), once per CONTENT_LATE too: planning
+            // the end of the linger, passed, spun the thread at a whole
+            // core for as long as the wait went on.
+            let end = t + LINGER;
+            soonest(if end > now {
+                end.min(now + CONTENT_LATE)
+            } else {
+                now + CONTENT_LATE
+            });
         }
         if !st.asked.is_empty() || st.chains_wanted || !st.new_dirs.is_empty() {
             soonest(now);
@@ -538,9 +520,7 @@ impl Drop for Ticket {
         let (Some(w), Some(wd)) = (watcher(), self.wd) else {
             return;
         };
-        if let Some(e) = w.state().entries.get_mut(&wd) {
-            e.pending = e.pending.saturating_sub(1);
-        }
+        w.state().finish(wd);
     }
 }
 
@@ -561,6 +541,7 @@ pub(crate) fn begin(fd: BorrowedFd<'_>) -> Option<Ticket> {
         let e = st.entries.entry(wd).or_default();
         e.pending += 1;
         e.content = false;
+        st.pending += 1;
     }
     w.ensure_running(&mut st);
     Some(Ticket { wd })
@@ -586,10 +567,10 @@ pub(crate) fn attach(t: Ticket, shared: &Arc<Shared>) {
         let mut st = w.state();
         let e = st.own(wd, shared);
         e.key = key;
-        e.pending = e.pending.saturating_sub(1);
-        let content_at = now + CONTENT_AFTER;
-        e.content_at = Some(content_at);
         let mut wake = std::mem::take(&mut e.dirty);
+        st.finish(wd);
+        let content_at = now + CONTENT_AFTER;
+        st.content_at(wd, content_at);
         if wake {
             st.asked.push(Arc::downgrade(shared));
         }
@@ -667,10 +648,9 @@ pub(crate) fn retry_at(shared: &Arc<Shared>, at: Instant) {
 }
 
 /// The lease ended: its watches stay (kept for the next hold), unowned.
-/// `last`: no other lease file is held by this process now. Looks only at
-/// this lease's own watches: a release costs the same with 10,000 others
-/// held.
-pub(crate) fn forget(shared: &Arc<Shared>, last: bool) {
+/// Looks only at this lease's own watches: a release costs the same with
+/// 10,000 others held.
+pub(crate) fn forget(shared: &Arc<Shared>) {
     // SAFETY: the watcher is a leaked box, never freed.
     let Some(w) = (unsafe { WATCHER.load(Ordering::Acquire).as_ref() }) else {
         return;
@@ -692,9 +672,9 @@ pub(crate) fn forget(shared: &Arc<Shared>, last: bool) {
     if !st.polled.is_empty() {
         st.polled.retain(|l| !mine(l) && l.strong_count() > 0);
     }
-    // (An acquisition under way that is not counted here wakes the thread
-    // itself if it needs it.)
-    let others = !last || !st.polled.is_empty();
+    // Another lease watched or polled. (An acquisition under way is not
+    // counted: the thread finds it, and only comes round once more.)
+    let others = !st.by_lease.is_empty() || !st.polled.is_empty();
     // The last lease: the thread starts counting towards closing the
     // instance, unless it wakes soon enough anyway.
     let now = Instant::now();

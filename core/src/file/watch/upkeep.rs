@@ -11,13 +11,20 @@ impl Watcher {
         let due: Vec<(i32, Arc<Shared>, Key)> = {
             let mut st = self.state();
             let mut due = Vec::new();
-            for (wd, e) in st.entries.iter_mut() {
-                if e.content_at.is_none_or(|t| t > now) {
+            while let Some(&(at, wd)) = st.content_due.front() {
+                if at > now {
+                    break;
+                }
+                st.content_due.pop_front();
+                let Some(e) = st.entries.get_mut(&wd) else {
                     continue;
+                };
+                if e.content_at != Some(at) {
+                    continue; // released, or held again since
                 }
                 e.content_at = None;
                 if let (Some(s), Some(key)) = (e.lease.as_ref().and_then(Weak::upgrade), e.key) {
-                    due.push((*wd, s, key));
+                    due.push((wd, s, key));
                 }
             }
             if !due.is_empty() {
