@@ -13,8 +13,10 @@
 //! for writes (`IN_MODIFY`), so a record someone truncated or overwrote is
 //! written back at once; the holder's own writes at acquisition and release
 //! come before and after that, so a cycle of acquire and release never
-//! wakes the thread. Those watches start in batches, at most once per
-//! [`CONTENT_AFTER`]: a wake-up looks at every held lease.
+//! wakes the thread for each write. Those watches start in batches: the
+//! thread plans a wake-up for them at most once per [`CONTENT_AFTER`], and
+//! keeps them in order of time, so a wake-up for one lease looks at no
+//! other (only the periodic sweep looks at every held lease).
 //!
 //! Where inotify cannot be had (the user's instances or watches are spent),
 //! the lease is looked at on a timer instead ([`POLL_EVERY`]), and watched
@@ -66,7 +68,7 @@ pub const CONTENT_AFTER: Duration = Duration::from_millis(100);
 /// How much later than [`CONTENT_AFTER`] that watch may start: an
 /// acquisition wakes the thread only if it would not come round sooner
 /// anyway, so a loop of acquire and release wakes it about once a second,
-/// not once a cycle.
+/// not once a cycle (`next_sleep` plans that while the loop goes on).
 pub const CONTENT_LATE: Duration = Duration::from_secs(1);
 
 /// How often a lease that inotify does not cover is looked at.
@@ -375,8 +377,16 @@ impl Watcher {
         // thread once per acquisition, and every wake-up looks at every
         // held lease (10,000 held made the thread busy and each acquisition
         // 3× slower). A lease's watch so starts within twice CONTENT_AFTER.
-        if let Some(at) = st.next_content() {
-            soonest(st.content_ran.map_or(at, |r| at.max(r + CONTENT_AFTER)));
+        let asked_for = !st.content_due.is_empty();
+        match st.next_content() {
+            Some(at) => soonest(st.content_ran.map_or(at, |r| at.max(r + CONTENT_AFTER))),
+            // Asked for and let go since (a loop of acquire and release):
+            // come round within CONTENT_LATE anyway, so the loop's next
+            // acquisitions find the thread planned and need not wake it.
+            // Planning the sweep instead, each one woke it (another lease
+            // held all along: one wake-up per cycle).
+            None if asked_for => soonest(now + CONTENT_LATE),
+            None => {}
         }
         if let Some(t) = st.next_poll {
             soonest(t);
@@ -400,6 +410,12 @@ impl Watcher {
         }
         if !st.asked.is_empty() || st.chains_wanted || !st.new_dirs.is_empty() {
             soonest(now);
+        }
+        if st.pending > 0 {
+            // An acquisition that set a watch and gives up (its file was
+            // replaced, its claim withdrawn) counts down without waking
+            // the thread: come round to see whether all is idle then.
+            soonest(now + CONTENT_LATE);
         }
         st.planned = wake_at;
         Some(Plan {
@@ -741,6 +757,7 @@ pub fn inotify_instances() -> usize {
 /// instance would steal its events) and start afresh when needed.
 pub(crate) fn after_fork_in_child() {
     crate::platform::notify::after_fork_in_child();
+    order::after_fork_in_child();
     for fd in [&INOTIFY_FD, &MOUNTS_FD, &CTL_FD[0], &CTL_FD[1]] {
         let raw = fd.swap(-1, Ordering::AcqRel);
         if raw >= 0 {

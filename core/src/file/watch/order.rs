@@ -9,13 +9,23 @@ use super::*;
 /// file numbered above it, stay so).
 pub(super) static ATTEMPTS: AtomicUsize = AtomicUsize::new(0);
 
-/// An acquisition in flight, counted in `ATTEMPTS` until dropped.
-pub(crate) struct Attempt(());
+/// An acquisition in flight, counted in `ATTEMPTS` until dropped, made
+/// in the fork epoch it holds: a fork child starts at 0 (the parent's other
+/// threads, and their attempts, are not in it), and an attempt of the
+/// parent's ends there without counting down.
+pub(crate) struct Attempt(u64);
 
 impl Drop for Attempt {
     fn drop(&mut self) {
-        ATTEMPTS.fetch_sub(1, Ordering::AcqRel);
+        if self.0 == crate::registry::epoch() {
+            ATTEMPTS.fetch_sub(1, Ordering::AcqRel);
+        }
     }
+}
+
+/// The fork child handler's part (after the registry's new epoch).
+pub(super) fn after_fork_in_child() {
+    ATTEMPTS.store(0, Ordering::Release);
 }
 
 /// Make the watch's descriptors before an acquisition opens a lease file,
@@ -26,8 +36,8 @@ pub(crate) fn prepare() -> Option<Attempt> {
     if !fsevents::held_files_go_above() {
         return None;
     }
+    let attempt = Attempt(crate::registry::epoch());
     ATTEMPTS.fetch_add(1, Ordering::AcqRel);
-    let attempt = Attempt(());
     if INOTIFY_FD.load(Ordering::Acquire) < 0 {
         if let Some(w) = watcher() {
             let mut st = w.state();

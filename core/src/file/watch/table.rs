@@ -29,6 +29,13 @@ impl WState {
         // moment apart.
         let i = self.content_due.iter().rposition(|(t, _)| *t <= at);
         self.content_due.insert(i.map_or(0, |i| i + 1), (at, wd));
+        // Only the thread takes entries off; while it is paused (or could
+        // not start) a loop of acquire and release must not grow this.
+        if self.content_due.len() > 2 * self.entries.len() + 64 {
+            let entries = &self.entries;
+            self.content_due
+                .retain(|(t, w)| entries.get(w).is_some_and(|e| e.content_at == Some(*t)));
+        }
     }
 
     /// The next content watch to start: when. Those passed over first.
