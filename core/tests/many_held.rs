@@ -48,9 +48,9 @@ fn watch_sleeps() -> Option<u64> {
 /// Leases acquired one after another for longer than the watch waits to
 /// watch a file's writes (`CONTENT_AFTER`, 100 ms): the thread starts those
 /// watches together, a few times a second, not once per acquisition. Each
-/// wake-up looks at every held lease, so waking once per acquisition made
-/// the thread busy and each acquisition slower the more were held (issue
-/// 38: 3.2× at 10,000).
+/// wake-up looked at every held lease then, so waking once per acquisition
+/// made the thread busy and each acquisition slower the more were held
+/// (issue 38: 4.1× at 10,000 in bench/REPORT.md, split guard off).
 #[test]
 #[cfg_attr(
     feature = "portable",
