@@ -6,7 +6,7 @@
 use std::os::fd::AsRawFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, ExitCode, ExitStatus};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use sidelease::Lease;
@@ -30,7 +30,13 @@ pub struct Forward {
     /// Which command this is (one more for each started): an escalation
     /// meant for one never reaches the next.
     run: u64,
+    /// A command is being started: it may already run (from its exec on)
+    /// while its PID is not known here yet.
+    spawning: bool,
 }
+
+/// Told when a start ends (`Forward::spawning` back to false).
+static SPAWN_ENDED: Condvar = Condvar::new();
 
 impl Forward {
     pub fn send(&mut self, sig: i32) {
@@ -112,8 +118,19 @@ impl Forward {
     }
 }
 
-pub fn slot(f: &Mutex<Forward>) -> std::sync::MutexGuard<'_, Forward> {
+pub fn slot(f: &Mutex<Forward>) -> MutexGuard<'_, Forward> {
     f.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The slot once no command is being started. A stop (Ctrl-Z) must wait
+/// for the start to end: the command runs from its exec on, and the PID to
+/// stop it by is known here only once `spawn` returns (a stop that came in
+/// between stopped `lead` alone and left the command working on). A start
+/// ends within an exec's time, failed or not.
+pub fn once_started(f: &Mutex<Forward>) -> MutexGuard<'_, Forward> {
+    SPAWN_ENDED
+        .wait_while(slot(f), |f| f.spawning)
+        .unwrap_or_else(|e| e.into_inner())
 }
 
 /// Catch the signals a terminal or a supervisor sends and hand each to
@@ -190,13 +207,19 @@ pub fn spawn(
             cmd.pre_exec(move || crate::watchdog::gate(fds));
         }
     }
+    slot(forward).spawning = true;
     let spawned = cmd.spawn();
     drop(inherited); // the child has its copy now
+    test_hook_after_spawn();
+    let mut f = slot(forward);
+    f.spawning = false;
+    if let Ok(c) = &spawned {
+        f.started(c.id() as i32);
+    }
+    drop(f);
+    SPAWN_ENDED.notify_all();
     match spawned {
-        Ok(c) => {
-            slot(forward).started(c.id() as i32);
-            Ok(c)
-        }
+        Ok(c) => Ok(c),
         Err(e) => {
             eprintln!("sidelease: cannot run {:?}: {e}", s.command[0]);
             Err(ExitCode::from(
@@ -209,6 +232,21 @@ pub fn spawn(
         }
     }
 }
+
+/// Debug (test) builds only: with `SIDELEASE_TEST_SPAWN_PAUSE_MS` set, the
+/// command runs that long before its PID is known here, so a test reaches
+/// the moment a stop comes in between (cli/tests/containment.rs).
+#[cfg(debug_assertions)]
+fn test_hook_after_spawn() {
+    let pause = std::env::var("SIDELEASE_TEST_SPAWN_PAUSE_MS").ok();
+    if let Some(ms) = pause.and_then(|v| v.parse().ok()) {
+        std::thread::sleep(Duration::from_millis(ms));
+    }
+}
+
+#[cfg(not(debug_assertions))]
+#[inline(always)]
+fn test_hook_after_spawn() {}
 
 /// Wait for the command; its PID is forgotten once it ended, before it is
 /// reaped, so a signal never reaches a process that took the PID over

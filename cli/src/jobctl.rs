@@ -3,7 +3,8 @@
 //! terminal's reach, and a SIGTSTP would stop `lead` alone and leave the
 //! command working on, unwatched, past the moment a successor may start.
 //! So `lead` catches SIGTSTP (and SIGTTIN, SIGTTOU), stops the command's
-//! group, then itself. Once continued, it lets the command go on only if
+//! group, then itself (a command being started first: see
+//! `child::once_started`). Once continued, it lets the command go on only if
 //! the lease is still held, asked now (`ensure_held_now`: for PostgreSQL a
 //! round trip to the server), and kills it otherwise.
 //!
@@ -32,7 +33,7 @@ pub fn on_stop_signals(
     let handle = signals.handle();
     std::thread::spawn(move || {
         for _ in signals.forever() {
-            child::slot(&forward).signal_running(libc::SIGSTOP);
+            child::once_started(&forward).signal_running(libc::SIGSTOP);
             // SAFETY: raise(3) has no memory effects; SIGSTOP stops every
             // thread of this process until a SIGCONT.
             unsafe { libc::raise(libc::SIGSTOP) };

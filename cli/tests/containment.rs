@@ -170,6 +170,39 @@ fn await_state(pid: u32, want: &[Option<char>], what: &str) {
     }
 }
 
+/// The command `lead` runs in the tests below: it notes its PID, then ticks
+/// every 10 ms into the file named by its argument.
+const TICKER: &str = r#"echo $$ > "$1.pid"; while :; do echo tick >> "$1"; sleep 0.01; done"#;
+
+/// The PID of the `TICKER` writing `ticks`.
+fn ticker_pid(ticks: &Path) -> u32 {
+    let pid = std::fs::read_to_string(ticks.with_extension("pid")).unwrap();
+    pid.trim().parse().unwrap()
+}
+
+/// Ctrl-Z (SIGTSTP) for `lead`: it stops, and its command `pid` with it,
+/// which then ticks no more. The ticks counted.
+fn stopped_with_lead(c: &Lead, pid: u32, ticks: &Path) -> usize {
+    signal(c, libc::SIGTSTP);
+    await_state(c.id(), &[Some('T')], "lead stopped");
+    // Stopped, or waiting in the kernel for a child of its own that was
+    // stopped between fork and exec (a vfork: `D`); the ticks below are
+    // what shows it does no work.
+    await_state(
+        pid,
+        &[Some('T'), Some('D')],
+        "the command stopped with lead",
+    );
+    let n = lines(ticks).len();
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        lines(ticks).len(),
+        n,
+        "the command worked while lead was stopped"
+    );
+    n
+}
+
 /// Ctrl-Z (SIGTSTP) stops the command with `lead` (it runs in a process
 /// group of its own, out of the terminal's reach), and once `lead` is
 /// continued the command goes on only if the lease is still held: lost in
@@ -179,35 +212,11 @@ fn a_stopped_lead_stops_its_command_and_continues_it_only_while_held() {
     let d = tempfile::tempdir().unwrap();
     let dir = d.path();
     let ticks = dir.join("ticks");
-    let script = r#"echo $$ > "$1.pid"; while :; do echo tick >> "$1"; sleep 0.01; done"#;
-    let mut c = lead(dir, &["sh", "-c", script, "sh", ticks.to_str().unwrap()]);
+    let mut c = lead(dir, &["sh", "-c", TICKER, "sh", ticks.to_str().unwrap()]);
     more_lines(&ticks, 0, Duration::from_secs(10));
     catches_sigterm(&c);
-    let pid: u32 = std::fs::read_to_string(dir.join("ticks.pid"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    let frozen = |c: &Lead| {
-        signal(c, libc::SIGTSTP);
-        await_state(c.id(), &[Some('T')], "lead stopped");
-        // Stopped, or waiting in the kernel for a child of its own that was
-        // stopped between fork and exec (a vfork: `D`); the ticks below
-        // are what shows it does no work.
-        await_state(
-            pid,
-            &[Some('T'), Some('D')],
-            "the command stopped with lead",
-        );
-        let n = lines(&ticks).len();
-        std::thread::sleep(Duration::from_millis(200));
-        assert_eq!(
-            lines(&ticks).len(),
-            n,
-            "the command worked while lead was stopped"
-        );
-        n
-    };
+    let pid = ticker_pid(&ticks);
+    let frozen = |c: &Lead| stopped_with_lead(c, pid, &ticks);
     // Held all along: continued with `lead`.
     let n = frozen(&c);
     signal(&c, libc::SIGCONT);
@@ -233,6 +242,57 @@ fn a_stopped_lead_stops_its_command_and_continues_it_only_while_held() {
     drop(rival);
     let err = stderr_of(&mut c);
     assert!(err.contains("continued, but "), "{err}");
+}
+
+/// Ctrl-Z in the moment the command runs but `lead` does not know its PID
+/// yet (`spawn` returns it only once the exec is done; a debug build's
+/// hook holds that moment open for 1.5 s here): `lead` stops the
+/// command too, as soon as it knows it, and only then itself. It used to
+/// stop alone and leave the command working on: seen once in CI, and
+/// about once in 150 runs of the test above with 8 at a time.
+#[test]
+#[cfg_attr(
+    not(debug_assertions),
+    ignore = "the hook that holds the start open is in debug builds only"
+)]
+fn a_stop_while_the_command_starts_stops_the_command_too() {
+    const PAUSE: Duration = Duration::from_millis(1500);
+    let d = tempfile::tempdir().unwrap();
+    let ticks = d.path().join("ticks");
+    let mut c = Lead(
+        common::command(BIN)
+            .arg("lead")
+            .arg(d.path().join("app.db"))
+            .args(["--", "sh", "-c", TICKER, "sh"])
+            .arg(&ticks)
+            .env(
+                "SIDELEASE_TEST_SPAWN_PAUSE_MS",
+                PAUSE.as_millis().to_string(),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    more_lines(&ticks, 0, Duration::from_secs(10));
+    let ran = Instant::now();
+    catches_sigterm(&c);
+    let pid = ticker_pid(&ticks);
+    // The stop comes while the PID is held back, or this tests nothing.
+    assert!(ran.elapsed() < PAUSE / 2, "{:?}", ran.elapsed());
+    let n = stopped_with_lead(&c, pid, &ticks);
+    assert!(
+        ran.elapsed() >= PAUSE,
+        "lead stopped before it knew its command"
+    );
+    signal(&c, libc::SIGCONT);
+    more_lines(&ticks, n, Duration::from_secs(5));
+    signal(&c, libc::SIGTERM);
+    assert_eq!(
+        wait_bounded(&mut c, Duration::from_secs(5)).code(),
+        Some(143)
+    );
 }
 
 /// SIGSTOP sent to `lead` alone (it cannot be caught) on a PostgreSQL
