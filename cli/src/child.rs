@@ -35,7 +35,9 @@ pub struct Forward {
     spawning: bool,
 }
 
-/// Told when a start ends (`Forward::spawning` back to false).
+/// Told when a start ends (`Forward::spawning` back to false). Waited on
+/// with `lead`'s one `Forward` only (`once_started`): a condition variable
+/// may not serve two mutexes.
 static SPAWN_ENDED: Condvar = Condvar::new();
 
 impl Forward {
@@ -126,7 +128,10 @@ pub fn slot(f: &Mutex<Forward>) -> MutexGuard<'_, Forward> {
 /// for the start to end: the command runs from its exec on, and the PID to
 /// stop it by is known here only once `spawn` returns (a stop that came in
 /// between stopped `lead` alone and left the command working on). A start
-/// ends within an exec's time, failed or not.
+/// ends within an exec's time, failed or not; for a PostgreSQL lease once
+/// the watchdog has the command's group too, which a running watchdog
+/// answers at once (one stopped by someone holds the start, and `lead`,
+/// until it runs again).
 pub fn once_started(f: &Mutex<Forward>) -> MutexGuard<'_, Forward> {
     SPAWN_ENDED
         .wait_while(slot(f), |f| f.spawning)

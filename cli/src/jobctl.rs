@@ -31,23 +31,36 @@ pub fn on_stop_signals(
     use signal_hook::consts::{SIGTSTP, SIGTTIN, SIGTTOU};
     let mut signals = signal_hook::iterator::Signals::new([SIGTSTP, SIGTTIN, SIGTTOU]).ok()?;
     let handle = signals.handle();
-    std::thread::spawn(move || {
-        for _ in signals.forever() {
-            child::once_started(&forward).signal_running(libc::SIGSTOP);
+    std::thread::spawn(move || loop {
+        // Every stop signal that came since the last look is one stop.
+        if signals.wait().count() == 0 {
+            if signals.is_closed() {
+                return;
+            }
+            continue;
+        }
+        {
+            // Held until `lead` is continued: no command starts between
+            // the look at the slot and the stop.
+            let mut f = child::once_started(&forward);
+            f.signal_running(libc::SIGSTOP);
             // SAFETY: raise(3) has no memory effects; SIGSTOP stops every
             // thread of this process until a SIGCONT.
             unsafe { libc::raise(libc::SIGSTOP) };
-            let verdict = current(&lease).as_ref().map(Lease::ensure_held_now);
-            let mut f = child::slot(&forward);
-            match verdict {
-                Some(Ok(())) | None => f.signal_running(libc::SIGCONT),
-                Some(Err(e)) => {
-                    eprintln!("sidelease: continued, but {e}: killing the command");
-                    f.signal_running(libc::SIGKILL);
-                    // A stopped process dies of SIGKILL as it is; continue
-                    // the rest of its group so nothing stays stopped.
-                    f.signal_running(libc::SIGCONT);
-                }
+        }
+        // A stop signal caught while this stop waited for a start is part
+        // of it, as the kernel drops those pending at a SIGCONT.
+        let _ = signals.pending().count();
+        let verdict = current(&lease).as_ref().map(Lease::ensure_held_now);
+        let mut f = child::slot(&forward);
+        match verdict {
+            Some(Ok(())) | None => f.signal_running(libc::SIGCONT),
+            Some(Err(e)) => {
+                eprintln!("sidelease: continued, but {e}: killing the command");
+                f.signal_running(libc::SIGKILL);
+                // A stopped process dies of SIGKILL as it is; continue
+                // the rest of its group so nothing stays stopped.
+                f.signal_running(libc::SIGCONT);
             }
         }
     });
