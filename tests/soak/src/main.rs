@@ -19,8 +19,11 @@
 //! ```text
 //! sidelease-soak run [--procs 8] [--sections 200] [--tamperers 2]
 //!                    [--modes unlink,move,replace[,truncate]] [--seed S] [--max-delay-us 2000]
-//!                    [--hold-us 300] [--seconds N] [--dir D]
+//!                    [--hold-us 300] [--seconds N] [--dir D] [--split-guard on|off]
 //! ```
+//!
+//! With `--split-guard off` every worker acquires blind: only the holder's
+//! watch and a contender's grace for young files keep one holder.
 //! prints one JSON summary line and exits 1 when a check fails.
 
 mod check;
@@ -80,6 +83,14 @@ impl Flags {
                 .map_err(|_| format!("--{name} {v:?}: expected an unsigned integer")),
         }
     }
+    fn switch(&self, name: &str, default: bool) -> Result<bool, String> {
+        match self.get(name) {
+            None => Ok(default),
+            Some("on") => Ok(true),
+            Some("off") => Ok(false),
+            Some(v) => Err(format!("--{name} {v:?}: expected on or off")),
+        }
+    }
     fn path(&self, name: &str) -> Result<PathBuf, String> {
         self.get(name)
             .map(PathBuf::from)
@@ -132,6 +143,7 @@ fn run(f: &Flags) -> Result<bool, String> {
         None => None,
     };
     let max_delay = f.num("max-delay-us", 2000)?;
+    let split_guard = f.switch("split-guard", true)?;
     // A bound on the run: workers start no section after it.
     let seconds = f.num("seconds", 0)?;
     let deadline = (seconds > 0).then(|| now_ns() + seconds * 1_000_000_000);
@@ -189,6 +201,8 @@ fn run(f: &Flags) -> Result<bool, String> {
             dir.join(format!("sections.{i}")).display().to_string(),
             "--deadline-ns".into(),
             deadline.unwrap_or(u64::MAX).to_string(),
+            "--split-guard".into(),
+            (if split_guard { "on" } else { "off" }).into(),
         ])?);
     }
     let mut failed_workers = 0;
@@ -216,6 +230,7 @@ fn run(f: &Flags) -> Result<bool, String> {
         "max_delay_us": seed.map(|_| max_delay),
         "procs": procs,
         "modes": modes,
+        "split_guard": split_guard,
         "seconds": started.elapsed().as_secs_f64(),
         "failed_workers": failed_workers,
         "report": report.to_json(),
@@ -239,6 +254,7 @@ fn worker(f: &Flags) -> Result<bool, String> {
     let mut log =
         std::fs::File::create(&log_path).map_err(|e| format!("{}: {e}", log_path.display()))?;
     let deadline = f.num("deadline-ns", u64::MAX)?;
+    let split_guard = f.switch("split-guard", true)?;
     let detector_path = db.with_file_name("detector");
     let detector = std::fs::OpenOptions::new()
         .create(true)
@@ -255,7 +271,9 @@ fn worker(f: &Flags) -> Result<bool, String> {
         }
         // At most a minute, and not much past the run's bound.
         let left = Duration::from_nanos(deadline - now).saturating_add(Duration::from_secs(5));
-        let opts = Options::new().wait(Wait::Timeout(left.min(Duration::from_secs(60))));
+        let opts = Options::new()
+            .split_guard(split_guard)
+            .wait(Wait::Timeout(left.min(Duration::from_secs(60))));
         let lease = match Lease::acquire(&db, &opts) {
             Ok(l) => l,
             Err(e) => {
