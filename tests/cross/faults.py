@@ -226,8 +226,12 @@ def tampering_in_place(soak: bool) -> str:
 
 
 def tampering_guard_off(soak: bool) -> str:
-    """The holder's watch alone (every contender's split guard off) keeps
-    one holder while the lease file is deleted, replaced and recreated."""
+    """The holder's watch alone (every contender's split guard off), while
+    the lease file is deleted, replaced and recreated every 1-10 ms: one
+    holder at this rate on an idle machine. Not a proof: under sustained
+    faster replacement a blind contender can win beside a holder that is
+    never told (docs/guarantees.md, Blind contenders; the soak's
+    `--split-guard off`)."""
     return _run_stress(2_000 if soak else 300, 1, tamper=True, split_guard=False)
 
 

@@ -53,7 +53,8 @@ PORTABLE_GIVES_NOT: Dict[str, str] = {
                  "wait for it, and within the holder's 100 ms look one of them wins the file at the path "
                  "(the in-place damage alone is checked by 'tampering in place')",
     "tampering, split guard off": "the same race as 'tampering' (on Linux the holder's watch alone "
-                                  "puts the file back first)",
+                                  "usually puts the file back first; blind contenders are not "
+                                  "always refused: docs/guarantees.md, Blind contenders)",
 }
 # Record judgements that need the kernel to name the lock's holders.
 PORTABLE_UNSEEN = {"live", "image-replaced"}

@@ -21,10 +21,11 @@
 //!                    [--modes unlink,move,replace[,truncate]] [--seed S] [--max-delay-us 2000]
 //!                    [--hold-us 300] [--seconds N] [--dir D] [--split-guard on|off]
 //! ```
-//!
-//! With `--split-guard off` every worker acquires blind: only the holder's
-//! watch and a contender's grace for young files keep one holder.
 //! prints one JSON summary line and exits 1 when a check fails.
+//!
+//! With `--split-guard off` every worker acquires blind: the holder's watch
+//! and a contender's grace for young files are all that keep one holder,
+//! and they do not always (docs/guarantees.md, Blind contenders).
 
 mod check;
 
