@@ -19,6 +19,7 @@ import tempfile
 import time
 from typing import Any, Dict, List, Tuple
 
+import instructions as I  # bench/instructions.py
 import syscalls as S  # bench/syscalls.py
 
 from common import BENCH, BUN, CAPI, FLOOR, LANG_CMD, OUT, PY, ROOT, RUST, Holder, Waiter, hold_release, run_json, us
@@ -533,6 +534,11 @@ def report(r: Dict[str, Any], quick: bool, pngs: List[str], elapsed: float) -> s
             "mmap, epoll_wait, ...: garbage collection, tokio workers); for Rust and C nothing is set aside. Handoff "
             "waiter rows include the harness's own line reads and writes (2 `read`s, 2 `write`s per handoff).", "",
             S.table(r["syscalls"]), ""]
+    out += ["## 5b. Instructions per operation (callgrind)", "",
+            "Counted by `bench/instructions.py`: user-space instructions inside each timed operation of the Rust "
+            "and C measure loops (callgrind's `--toggle-collect` on the loop's `one`), the library's own threads "
+            "and the warm-up left out. A refused attempt and `inspect` read the kernel's lock table; the column "
+            "says how many locks it listed.", "", I.table(r["instructions"]), ""]
     out += ["## 6. inspect() with unrelated flock locks on the machine", "", table(r["inspect"]), ""]
     out += ["## 7. Scale: 10,000 distinct leases held by one process", "",
             "| run | first 1,000 median µs | last 1,000 median µs | last/first | RSS per held lease |", "|---|---:|---:|---:|---:|"]
@@ -623,6 +629,7 @@ def main() -> int:
             ("inspect", lambda: inspect_with_locks(d, 20 if q else 200)),
             ("scale", lambda: scale(d, 2_000 if q else 10_000)),
             ("syscalls", lambda: S.measure(q)),
+            ("instructions", lambda: I.measure(q)),
             ("postgres", lambda: postgres(50 if q else 500)),
         ]
         for name, f in steps:
@@ -646,11 +653,12 @@ def main() -> int:
         # budget, and every gated count within its committed baseline.
         bad = [f"{k}: {c:g} system calls per cycle, budget {S.BUDGET}" for k, c in S.over_budget(r["syscalls"])]
         bad += S.regressions(r["syscalls"])
+        bad += I.regressions(r["instructions"])
         for line in bad:
             print(f"bench: {line}", file=sys.stderr)
         if not bad:
             print(f"bench: every sidelease cycle within {S.BUDGET} system calls, every count within "
-                  f"bench/baseline.json (plus a tenth, at least one call)")
+                  f"bench/baseline.json (system calls plus a tenth, at least one call; instructions plus a tenth)")
         return 1 if bad else 0
     finally:
         shutil.rmtree(d, ignore_errors=True)

@@ -20,7 +20,7 @@
 #include "sidelease.h"
 
 
-static void one(const char *mode, const char *target) {
+static void op(const char *mode, const char *target) {
     sidelease_lease *l = NULL;
     sidelease_status st = sidelease_acquire(target, NULL, NULL, &l);
     if (!strcmp(mode, "refused")) {
@@ -30,6 +30,10 @@ static void one(const char *mode, const char *target) {
     if (st != SIDELEASE_OK) { fprintf(stderr, "acquire failed: %d\n", st); exit(1); }
     sidelease_lease_free(l);
 }
+
+/* One timed operation, not inlined: bench/instructions.py counts the
+ * instructions run inside it (the warm-up calls op() directly). */
+__attribute__((noinline)) static void one(const char *mode, const char *target) { op(mode, target); }
 
 /* raw: 0 sidelease, 1 blocking flock, 2 inotify + LOCK_NB retries. */
 static int waiter(const char *target, int raw) {
@@ -88,7 +92,7 @@ int main(int argc, char **argv) {
     sidelease_lease *held = NULL;
     if (!strcmp(mode, "shared") && sidelease_acquire(target, NULL, NULL, &held) != SIDELEASE_OK) return 1;
     long long *ns = malloc(sizeof *ns * iters);
-    for (int i = 0; i < iters / 10 + 1; i++) one(mode, target);
+    for (int i = 0; i < iters / 10 + 1; i++) op(mode, target);
     for (int i = 0; i < iters; i++) {
         long long t = now_ns();
         one(mode, target);

@@ -27,10 +27,19 @@ pub(crate) fn measure(iters: usize, mut f: impl FnMut()) -> Value {
     let mut ns = Vec::with_capacity(iters);
     for _ in 0..iters {
         let t = Instant::now();
-        f();
+        one(&mut f);
         ns.push(t.elapsed().as_nanos() as u64);
     }
     stats(ns)
+}
+
+/// One timed operation, in a function of its own: bench/instructions.py
+/// counts the instructions run inside it (callgrind's `--toggle-collect`),
+/// on this thread only, so neither the warm-up, the timing nor the
+/// library's own threads count.
+#[inline(never)]
+fn one(f: &mut impl FnMut()) {
+    f()
 }
 
 /// CLOCK_MONOTONIC in ns, the clock every waiter of every language reports.

@@ -159,28 +159,34 @@ pub struct OpenFd {
 /// oversized file is seen as such.
 pub fn read_at_most(fd: BorrowedFd<'_>, hint: usize, limit: usize) -> io::Result<Vec<u8>> {
     let cap = limit + 1;
-    let mut buf = vec![0u8; (hint + 4096).min(cap)];
-    let mut len = 0;
+    // Read into spare capacity, not a zeroed buffer: the kernel fills what
+    // is read, and clearing the rest cost every acquire as much as the read.
+    let mut size = (hint + 4096).min(cap);
+    let mut buf = Vec::with_capacity(size);
     loop {
-        match rustix::io::pread(fd, &mut buf[len..], len as u64) {
-            Ok(0) => break,
-            Ok(n) => {
-                len += n;
-                if len < buf.len() {
+        let at = buf.len();
+        let want = size - at;
+        buf.reserve_exact(want);
+        let spare = &mut buf.spare_capacity_mut()[..want];
+        match rustix::io::pread(fd, spare, at as u64) {
+            Ok(([], _)) => break,
+            Ok((read, _)) => {
+                let n = read.len();
+                // SAFETY: pread initialized these `n` bytes of the spare capacity.
+                unsafe { buf.set_len(at + n) };
+                if buf.len() < size {
                     // A short read of a regular file is its end.
                     break;
                 }
-                if buf.len() == cap {
+                if size == cap {
                     break;
                 }
-                let grow = (buf.len() * 2).min(cap);
-                buf.resize(grow, 0);
+                size = (size * 2).min(cap);
             }
             Err(rustix::io::Errno::INTR) => continue,
             Err(e) => return Err(e.into()),
         }
     }
-    buf.truncate(len);
     Ok(buf)
 }
 
