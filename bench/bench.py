@@ -532,7 +532,9 @@ def report(r: Dict[str, Any], quick: bool, pngs: List[str], elapsed: float) -> s
             "Counted by `bench/syscalls.py` (runs of N and 2N operations, the difference divided by N, so start-up "
             "cancels out). \"Runtime threads\" sets aside what an interpreter's own threads did meanwhile (futex, "
             "mmap, epoll_wait, ...: garbage collection, tokio workers); for Rust and C nothing is set aside. Handoff "
-            "waiter rows include the harness's own line reads and writes (2 `read`s, 2 `write`s per handoff).", "",
+            "waiter rows include the harness's own line reads and writes (2 `read`s, 2 `write`s per handoff); their "
+            "\"wake spins\" (a `sched_yield` and the `flock` it retries, when woken by the holder's close just "
+            "before the kernel lets go of its lock) are counted apart: how many depends on when the processes run.", "",
             S.table(r["syscalls"]), ""]
     out += ["## 5b. Instructions per operation (callgrind)", "",
             "Counted by `bench/instructions.py`: user-space instructions inside each timed operation of the Rust "
