@@ -5,6 +5,7 @@ mod elector;
 mod error;
 mod handles;
 mod lease;
+mod runtime;
 mod wait;
 
 pub use elector::*;

@@ -3,6 +3,7 @@ import { test, describe } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
 
 import * as sidelease from '../index.mjs';
@@ -183,6 +184,23 @@ describe('acquireAsync', () => {
     } finally {
       h.close();
     }
+  });
+
+  // Waits released together run their acquisitions on the runtime's
+  // workers: one fewer than the cores, so the event loop keeps one
+  // (docs/node.md); TOKIO_WORKER_THREADS decides when set.
+  test('the runtime leaves a core to the event loop, or runs TOKIO_WORKER_THREADS workers', async () => {
+    const { TOKIO_WORKER_THREADS: _, ...unset } = process.env;
+    const run = (env) => JSON.parse(
+      execFileSync(...self([path.join(here, 'fixtures', 'runtime-workers.cjs'), tmpdir()]), {
+        encoding: 'utf8',
+        timeout: 30_000,
+        env: { ...unset, ...env },
+      }),
+    );
+    const cores = os.availableParallelism ? os.availableParallelism() : os.cpus().length;
+    assert.deepEqual(run({}), { workers: Math.max(1, cores - 1) });
+    assert.deepEqual(run({ TOKIO_WORKER_THREADS: '3' }), { workers: 3 });
   });
 
   // The fixture waits twice for the watch to go idle (2 s each) and takes
