@@ -3,11 +3,14 @@ how to run them, and the processes that hold and wait."""
 
 from __future__ import annotations
 
+import argparse
 import fcntl
 import json
 import os
+import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Tuple
@@ -120,3 +123,42 @@ def hold_release(kind: str, path: str) -> Tuple[Callable[[], None], Callable[[],
         def release() -> None:
             os.rmdir(path + ".lock")
     return hold, release
+
+
+Rows = Dict[str, Dict[str, Any]]
+
+
+def gate_main(name: str, tool: str, executables: List[str], measure: Callable[[bool], Rows],
+              table: Callable[[Rows], str], write_baseline: Callable[[Rows], None],
+              failures: Callable[[Rows], List[str]], passed: str, check_help: str) -> int:
+    """The command line of a count gate (bench/syscalls.py,
+    bench/instructions.py): measure, print the table, and --json,
+    --write-baseline and --check (exit 1 on a failure, said in words)."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--check", action="store_true", help=check_help)
+    ap.add_argument("--json", help="write the counts here")
+    ap.add_argument("--write-baseline", action="store_true", help="write the counts to bench/baseline.json")
+    args = ap.parse_args()
+    if not shutil.which(tool):
+        print(f"{name}: {tool} is not installed", file=sys.stderr)
+        return 2
+    for exe in executables:
+        if not os.access(exe, os.X_OK):
+            print(f"{name}: {exe} is not built (bash bench/run builds it)", file=sys.stderr)
+            return 2
+    rows = measure(args.quick)
+    print(table(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    if args.write_baseline:
+        write_baseline(rows)
+        print(f"{name}: wrote bench/baseline.json")
+    if args.check:
+        bad = failures(rows)
+        for line in bad:
+            print(f"{name}: {line}", file=sys.stderr)
+        if bad:
+            return 1
+        print(f"{name}: {passed}")
+    return 0

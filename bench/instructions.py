@@ -27,14 +27,11 @@ also changes what the library does: it can no longer see every lock.)
 """
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
 import tempfile
-from pathlib import Path
 from typing import Any, Dict, List
 
 import common as B  # bench/common.py
@@ -147,34 +144,9 @@ def table(rows: Dict[str, Dict[str, Any]]) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--check", action="store_true", help="fail above the baseline plus a tenth")
-    ap.add_argument("--json", help="write the counts here")
-    ap.add_argument("--write-baseline", action="store_true", help=f"write the counts to {BASELINE.name}")
-    args = ap.parse_args()
-    if not shutil.which("valgrind"):
-        print("instructions: valgrind is not installed", file=sys.stderr)
-        return 2
-    for exe in TOGGLE:
-        if not os.access(exe, os.X_OK):
-            print(f"instructions: {exe} is not built (bash bench/run builds it)", file=sys.stderr)
-            return 2
-    rows = measure(args.quick)
-    print(table(rows))
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
-    if args.write_baseline:
-        write_baseline(rows)
-        print(f"instructions: wrote {BASELINE.relative_to(B.ROOT)}")
-    if args.check:
-        bad = regressions(rows)
-        for line in bad:
-            print(f"instructions: {line}", file=sys.stderr)
-        if bad:
-            return 1
-        print("instructions: every count within bench/baseline.json (plus a tenth, at least 1,000)")
-    return 0
+    return B.gate_main("instructions", "valgrind", list(TOGGLE), measure, table, write_baseline, regressions,
+                       "every count within bench/baseline.json (plus a tenth, at least 1,000)",
+                       "fail above the baseline plus a tenth")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ why.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -25,7 +24,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 import common as B  # bench/common.py
@@ -302,31 +300,12 @@ def table(rows: Dict[str, Dict[str, Any]]) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--check", action="store_true", help=f"fail above {BUDGET} calls per cycle")
-    ap.add_argument("--json", help="write the counts here")
-    ap.add_argument("--write-baseline", action="store_true", help=f"write the counts to {BASELINE.name}")
-    args = ap.parse_args()
-    if not shutil.which("strace"):
-        print("syscalls: strace is not installed", file=sys.stderr)
-        return 2
-    rows = measure(args.quick)
-    print(table(rows))
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
-    if args.write_baseline:
-        write_baseline(rows)
-        print(f"syscalls: wrote {BASELINE.relative_to(B.ROOT)}")
-    if args.check:
+    def failures(rows: Dict[str, Dict[str, Any]]) -> List[str]:
         bad = [f"{k}: {c:g} system calls per cycle, budget {BUDGET}" for k, c in over_budget(rows)]
-        bad += regressions(rows)
-        for line in bad:
-            print(f"syscalls: {line}", file=sys.stderr)
-        if bad:
-            return 1
-        print(f"syscalls: every sidelease cycle within {BUDGET} system calls, every count within its baseline")
-    return 0
+        return bad + regressions(rows)
+    return B.gate_main("syscalls", "strace", [], measure, table, write_baseline, failures,
+                       f"every sidelease cycle within {BUDGET} system calls, every count within its baseline",
+                       f"fail above {BUDGET} calls per cycle")
 
 
 if __name__ == "__main__":

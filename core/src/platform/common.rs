@@ -237,3 +237,32 @@ impl FileStat {
         super::stat::file_type(self.st_mode)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::read_at_most;
+    use std::io::Write;
+    use std::os::fd::AsFd;
+
+    fn read(content: &[u8], hint: usize, limit: usize) -> Vec<u8> {
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(content).unwrap();
+        read_at_most(f.as_fd(), hint, limit).unwrap()
+    }
+
+    #[test]
+    fn reads_the_whole_file_up_to_one_byte_past_the_limit() {
+        let big: Vec<u8> = (0..50_000u32).map(|i| (i % 251) as u8).collect();
+        assert_eq!(read(b"", 0, 100), b"");
+        assert_eq!(read(b"record", 6, 100), b"record");
+        // Larger than the first read (hint + 4 KiB): the buffer grows.
+        assert_eq!(read(&big, 0, 100_000), big);
+        // A hint that undersells or oversells the size changes nothing.
+        assert_eq!(read(&big, 40_000, 100_000), big);
+        assert_eq!(read(&big[..10], 1 << 20, 100_000), &big[..10]);
+        // Oversized: limit + 1 bytes, so the caller sees it is too big.
+        assert_eq!(read(&big, 0, 9_999), &big[..10_000]);
+        assert_eq!(read(&big, 0, 0), &big[..1]);
+        assert_eq!(read(&big[..4097], 0, 4096), &big[..4097]);
+    }
+}

@@ -38,17 +38,21 @@ fn read_trimmed(path: &str) -> Option<String> {
 
 /// `readlink` with one system call for any path up to `PATH_MAX`.
 pub fn read_link_bytes(path: &Path) -> io::Result<Vec<u8>> {
-    read_link_into(rustix::fs::CWD, path)
+    read_link_into(path)
 }
 
 /// One `readlink` into a buffer the kernel fills, not zeroed first: with
 /// `fd_path`'s and a record read's, three 4 KiB buffers were cleared on
 /// every acquire (a sixth of the cycle's instructions as
 /// bench/instructions.py counts them; about 2% of its time).
-fn read_link_into<P: rustix::path::Arg>(dir: BorrowedFd<'_>, path: P) -> io::Result<Vec<u8>> {
+fn read_link_into<P: rustix::path::Arg>(path: P) -> io::Result<Vec<u8>> {
     const MAX: usize = 4096;
     let mut buf = Vec::with_capacity(MAX);
-    let n = rustix::fs::readlinkat_raw(dir, path, rustix::buffer::spare_capacity(&mut buf))?;
+    let n = rustix::fs::readlinkat_raw(
+        rustix::fs::CWD,
+        path,
+        rustix::buffer::spare_capacity(&mut buf),
+    )?;
     if n >= MAX {
         return Err(io::Error::from_raw_os_error(libc::ENAMETOOLONG));
     }
@@ -62,7 +66,7 @@ pub fn fd_path(fd: BorrowedFd<'_>) -> io::Result<Vec<u8>> {
     let n = write_decimal(&mut link[14..], fd.as_raw_fd() as u32);
     let c = CStr::from_bytes_until_nul(&link[..15 + n])
         .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-    read_link_into(rustix::fs::CWD, c)
+    read_link_into(c)
 }
 
 fn write_decimal(out: &mut [u8], mut v: u32) -> usize {
